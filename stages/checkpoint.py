@@ -1,0 +1,110 @@
+"""checkpoint: supervised fine-tuning with TRL's SFTTrainer (+ PEFT LoRA), resumable.
+
+Training consumes the packed shards as they are (no re-tokenization, no
+re-packing) and applies plan.json's decisions verbatim. Trainer checkpoints go
+to a work dir that survives a kill, so a rerun resumes from the last saved step.
+The artifact holds only deterministic content: the weights (model/) or the
+standard PEFT adapter (adapter/), and metrics.jsonl with the loss per step.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def trainable_model(ctx, plan: dict):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        ctx.upstream["base"], dtype=getattr(torch, plan["dtype"]),
+        attn_implementation=plan["attn_implementation"])
+    model.config.use_cache = False
+    return model
+
+
+def lora_config(t):
+    from peft import LoraConfig
+
+    return LoraConfig(r=t.lora.r, lora_alpha=t.lora.alpha, lora_dropout=t.lora.dropout,
+                      target_modules=t.lora.target_modules, task_type="CAUSAL_LM")
+
+
+def collate(rows):
+    """Packed rows are already full length: stack them. No attention mask, so the model
+    builds a causal mask per document from the restarting position ids."""
+    import torch
+
+    return {k: torch.tensor([r[k] for r in rows], dtype=torch.long)
+            for k in ("input_ids", "labels", "position_ids")}
+
+
+def build(ctx, out: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from safetensors.numpy import load_file
+    from transformers import AutoTokenizer, set_seed
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTConfig, SFTTrainer
+
+    t = ctx.recipe.train
+    plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
+    os.environ.update(plan["env"])
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    set_seed(t.seed)
+
+    shard = load_file(str(ctx.upstream["shards"] / "train" / "shard-00000.safetensors"))
+    train = Dataset.from_dict({k: shard[k].tolist() for k in ("input_ids", "labels", "position_ids")})
+    tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
+    model = trainable_model(ctx, plan)
+
+    ctx.work.mkdir(parents=True, exist_ok=True)
+    args = SFTConfig(
+        output_dir=str(ctx.work), max_steps=t.max_steps, learning_rate=t.lr,
+        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=t.grad_accum,
+        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
+        logging_steps=1, save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
+        seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
+        bf16=plan["dtype"] == "bfloat16", gradient_checkpointing=plan["gradient_checkpointing"],
+        dataloader_num_workers=0, remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True})
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
+                         data_collator=collate,
+                         peft_config=lora_config(t) if t.peft == "lora" else None)
+    resume = get_last_checkpoint(str(ctx.work)) if any(ctx.work.iterdir()) else None
+    if resume:
+        ctx.log.info("resuming from %s", Path(resume).name)
+        ctx.run["resumed_from_step"] = int(Path(resume).name.split("-")[-1])
+    result = trainer.train(resume_from_checkpoint=resume)
+    ctx.run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
+
+    with open(out / "metrics.jsonl", "w") as f:
+        for entry in trainer.state.log_history:
+            if "loss" in entry:
+                f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate")
+                                    if k in entry}, sort_keys=True) + "\n")
+    if t.peft == "lora":
+        trainer.model.save_pretrained(out / "adapter")
+        (out / "adapter" / "README.md").unlink(missing_ok=True)  # a model card with local paths
+        cfg_path = out / "adapter" / "adapter_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["base_model_name_or_path"] = None  # the base is named by digest in the manifest
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    else:
+        trainer.model.save_pretrained(out / "model")
+        tok.save_pretrained(out / "model")
+
+
+def load_trained(checkpoint: Path, base: Path, dtype="float32"):
+    """The trained model as a plain transformers model (LoRA merged), for eval and quantize."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if (checkpoint / "adapter").is_dir():
+        from peft import PeftModel
+
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+        return PeftModel.from_pretrained(model, checkpoint / "adapter").merge_and_unload()
+    return AutoModelForCausalLM.from_pretrained(checkpoint / "model", dtype=getattr(torch, dtype))

@@ -1,0 +1,178 @@
+"""The recipe: one YAML file that says what model to produce.
+
+Pydantic v2 models, extra=forbid and frozen, so a typo is an error and a loaded
+recipe cannot drift while the graph runs. Errors are one line naming the file,
+the key path, and (where the YAML says) the line.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stages.errors import UserError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TinyConfig(Section):
+    """A Qwen3-architecture model built from its config with a fixed seed."""
+    architecture: Literal["Qwen3ForCausalLM"] = "Qwen3ForCausalLM"
+    hidden_size: int = Field(64, gt=0)
+    intermediate_size: int = Field(128, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    head_dim: int = Field(16, gt=0)
+    max_position_embeddings: int = Field(1024, gt=0)
+    seed: int = 0
+
+
+class ModelSection(Section):
+    """Exactly one of: hub (pinned to a revision), path (a local HF dir), config (built here)."""
+    hub: Optional[str] = None
+    revision: Optional[str] = None
+    path: Optional[str] = None
+    config: Optional[TinyConfig] = None
+
+    @model_validator(mode="after")
+    def one_source(self):
+        given = [k for k in ("hub", "path", "config") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of hub, path, config (got {given or 'none'})")
+        if self.hub and not self.revision:
+            raise ValueError("a hub model needs a pinned revision (a commit sha)")
+        return self
+
+
+class Source(Section):
+    path: str
+    format: Literal["auto", "chat"] = "auto"
+
+
+class DataSection(Section):
+    sources: list[Source] = Field(min_length=1)
+    heldout_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    max_length: int = Field(256, gt=8)
+    truncation: Literal["drop", "truncate"] = "drop"
+    on_error: Literal["fail", "skip"] = "fail"
+    seed: int = 0
+
+
+class LoraSection(Section):
+    r: int = Field(8, gt=0)
+    alpha: int = Field(16, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: str | list[str] = "all-linear"
+
+
+class TrainSection(Section):
+    method: Literal["sft"] = "sft"
+    peft: Literal["none", "lora"] = "none"
+    lora: LoraSection = LoraSection()
+    lr: float = Field(1e-3, gt=0)
+    max_steps: int = Field(100, gt=0)
+    micro_batch_size: int = Field(8, gt=0)
+    grad_accum: int = Field(1, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    save_steps: int = Field(25, gt=0)
+    seed: int = 0
+
+
+class HardwareSection(Section):
+    profile: Literal["cpu", "h100", "h200", "mi300x", "gfx1100", "gfx1151"] = "cpu"
+    gpus: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def mi300x_topology(self):
+        if self.profile == "mi300x" and self.gpus not in (1, 8):
+            raise ValueError(
+                f"gpus={self.gpus} on mi300x: use 1 or 8 (its xGMI fabric is tuned for a full node or one GPU)")
+        return self
+
+
+class AutotuneSection(Section):
+    enabled: bool = True
+    budget_seconds: float = Field(60, gt=0)
+
+
+class EvalSection(Section):
+    limit: Optional[int] = Field(None, gt=0)
+    max_new_tokens: int = Field(16, gt=0)
+    batch_size: int = Field(16, gt=0)
+
+
+class QuantizeSection(Section):
+    scheme: Literal["fp8", "none"] = "fp8"
+    calibration_sequences: int = Field(16, gt=0)
+
+
+class ServeSection(Section):
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, gt=0, lt=65536)
+
+
+class Recipe(Section):
+    model: ModelSection
+    data: DataSection
+    train: TrainSection = TrainSection()
+    hardware: HardwareSection = HardwareSection()
+    autotune: AutotuneSection = AutotuneSection()
+    eval: EvalSection = EvalSection()
+    quantize: QuantizeSection = QuantizeSection()
+    serve: ServeSection = ServeSection()
+
+
+def _key_lines(text: str) -> dict[tuple, int]:
+    """Map each key path in the YAML to its 1-based line, so errors can point at it."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                p = path + (k.value,)
+                lines[p] = k.start_mark.line + 1
+                walk(v, p)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                lines[path + (i,)] = v.start_mark.line + 1
+                walk(v, path + (i,))
+
+    walk(yaml.compose(text), ())
+    return lines
+
+
+def load(path: str | Path) -> Recipe:
+    """Parse and validate a recipe file; raise UserError with one clear line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read recipe ({e.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UserError(f"{path}{where}: YAML syntax error: {problem}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a recipe is a YAML mapping with model: and data: sections")
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(x for x in err["loc"] if not str(x).startswith("function-"))
+        lines = _key_lines(text)
+        line = next((lines[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in lines), None)
+        where = f":{line}" if line else ""
+        key = ".".join(str(x) for x in loc) or "(top)"
+        msg = err["msg"].removeprefix("Value error, ")
+        more = f" (+{e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise UserError(f"{path}{where}: {key}: {msg}{more}") from None

@@ -1,0 +1,168 @@
+"""The content-addressed store: artifacts/store/<stage>/<key>/, written once, never mutated.
+
+Beside each object sit <key>.json (its file hashes, digest, the key's inputs and
+run-time measurements, none of which are in the hashed tree) and <key>.log.
+Per-recipe pointers artifacts/<recipe>/<stage>.json say what a recipe resolves to.
+A stat cache (size, mtime_ns, inode) -> BLAKE3 keeps up-to-date checks from
+re-reading large unchanged files, like git's index.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import blake3
+
+CHUNK = 1 << 20
+
+
+def hash_file(path: Path) -> str:
+    h = blake3.blake3()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def merkle(files: dict[str, str]) -> str:
+    """Digest of a tree: BLAKE3 over sorted (relative path, file BLAKE3) pairs."""
+    h = blake3.blake3()
+    for rel in sorted(files):
+        h.update(f"{rel}\0{files[rel]}\n".encode())
+    return h.hexdigest()
+
+
+def select(files: dict[str, str], patterns: list[str]) -> dict[str, str]:
+    """The files of a tree that a downstream stage reads (fnmatch patterns)."""
+    return {r: d for r, d in files.items() if any(fnmatch.fnmatchcase(r, p) for p in patterns)}
+
+
+def list_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON atomically (temp file + rename), so a kill never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class StatCache:
+    """(path, size, mtime_ns, inode) -> BLAKE3, in sqlite so a kill cannot corrupt it."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, timeout=30)
+        self.db.execute("CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, size INT, "
+                        "mtime_ns INT, ino INT, digest TEXT)")
+
+    def digest(self, path: Path) -> str:
+        st = path.stat()
+        row = self.db.execute("SELECT size, mtime_ns, ino, digest FROM stat WHERE path=?",
+                              (str(path),)).fetchone()
+        if row and tuple(row[:3]) == (st.st_size, st.st_mtime_ns, st.st_ino):
+            return row[3]
+        return self.remember(path, hash_file(path))
+
+    def remember(self, path: Path, digest: str) -> str:
+        st = path.stat()
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
+                            (str(path), st.st_size, st.st_mtime_ns, st.st_ino, digest))
+        return digest
+
+
+class Store:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.objects = self.root / "store"
+        self._stat = None
+
+    @property
+    def stat(self) -> StatCache:
+        if self._stat is None:
+            self._stat = StatCache(self.root / "statcache.sqlite")
+        return self._stat
+
+    # objects -----------------------------------------------------------------
+    def path(self, stage: str, key: str) -> Path:
+        return self.objects / stage / key
+
+    def sidecar(self, stage: str, key: str) -> dict | None:
+        return read_json(self.objects / stage / f"{key}.json")
+
+    def damage(self, stage: str, key: str, full: bool = False, files: dict | None = None) -> list[str]:
+        """What differs between an object and its recorded hashes ([] when intact).
+
+        `files` defaults to the hashes recorded at build time (a manifest passes its
+        own). Uses the stat cache unless full=True, so the everyday check never
+        re-reads unchanged files."""
+        obj = self.path(stage, key)
+        if files is None:
+            meta = self.sidecar(stage, key)
+            files = meta and meta["files"]
+        if not obj.is_dir() or files is None:
+            return [f"artifact {key} is missing from the store"]
+        problems = []
+        present = set(list_files(obj))
+        for rel, want in sorted(files.items()):
+            if rel not in present:
+                problems.append(f"{rel} is missing")
+                continue
+            got = hash_file(obj / rel) if full else self.stat.digest(obj / rel)
+            if got != want:
+                problems.append(f"{rel} differs (blake3 {got[:12]}, expected {want[:12]})")
+        problems += [f"{rel} is not part of the artifact" for rel in sorted(present - set(files))]
+        return problems
+
+    def commit(self, stage: str, key: str, tmp: Path, sidecar: dict) -> dict:
+        """Hash a finished temp dir, record it, and rename it into place atomically."""
+        files = {rel: hash_file(tmp / rel) for rel in list_files(tmp)}
+        sidecar = dict(sidecar, files=files, digest=merkle(files))
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                p.chmod(0o444)
+        final = self.path(stage, key)
+        if final.exists():  # a damaged object: keep it aside, never delete data
+            os.replace(final, final.with_name(f".damaged-{key}-{int(time.time())}"))
+        write_json(self.objects / stage / f"{key}.json", sidecar)
+        os.replace(tmp, final)
+        for rel, digest in files.items():
+            self.stat.remember(final / rel, digest)
+        return sidecar
+
+    def temp_dir(self, stage: str, key: str) -> Path:
+        """A fresh private dir for building; leftovers of a killed build are removed."""
+        parent = self.objects / stage
+        parent.mkdir(parents=True, exist_ok=True)
+        for old in parent.glob(f".tmp-{key}-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = parent / f".tmp-{key}-{os.getpid()}"
+        tmp.mkdir()
+        return tmp
+
+    def work_dir(self, stage: str, key: str) -> Path:
+        """Scratch space that survives a kill (training checkpoints to resume from)."""
+        return self.root / "work" / stage / key
+
+    # pointers ----------------------------------------------------------------
+    def pointer(self, recipe: str, stage: str) -> dict | None:
+        return read_json(self.root / recipe / f"{stage}.json")
+
+    def set_pointer(self, recipe: str, stage: str, key: str, digest: str) -> None:
+        if self.pointer(recipe, stage) != {"key": key, "digest": digest}:
+            write_json(self.root / recipe / f"{stage}.json", {"key": key, "digest": digest})

@@ -1,0 +1,51 @@
+"""verify: re-hash every file of every artifact a manifest names and compare.
+
+`doit verify` checks every recipe, `doit verify:tiny` one. By default the stat
+cache answers for files whose (size, mtime, inode) are unchanged; `--full`
+(or MINDXTRAIN_VERIFY_FULL=1) re-reads every byte.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from doit.exceptions import TaskFailed
+
+from stages import graph
+
+
+def problems(recipe_name: str, full: bool) -> list[str]:
+    """One line per difference between the store and the recipe's manifest ([] when intact)."""
+    st = graph.store()
+    ptr = st.pointer(recipe_name, "manifest")
+    if ptr is None:
+        return [f"{recipe_name}: no manifest; run doit manifest:{recipe_name}"]
+    found = [f"{recipe_name}: manifest: {p}" for p in st.damage("manifest", ptr["key"], full=full)]
+    if found:
+        return found
+    manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
+    for stage, art in manifest["artifacts"].items():
+        found += [f"{recipe_name}: {stage}: {p}"
+                  for p in st.damage(stage, art["key"], full=full, files=art["files"])]
+    return found
+
+
+def run(recipe_name: str, full: bool):
+    full = full or os.environ.get("MINDXTRAIN_VERIFY_FULL") == "1"
+    found = problems(recipe_name, full)
+    if found:
+        return TaskFailed("\n".join(f"verify: {line}" for line in found))
+    print(f"verify: {recipe_name}: intact ({'every byte re-read' if full else 'stat cache'})")
+
+
+def tasks():
+    yield {"basename": "verify", "name": None, "doc": "re-hash every artifact against its manifest"}
+    for name in graph.recipe_names():
+        yield {
+            "name": name,
+            "actions": [(run, [name])],
+            "params": [{"name": "full", "long": "full", "type": bool, "default": False,
+                        "help": "re-read every byte instead of trusting the stat cache"}],
+            "uptodate": [False],
+            "verbosity": 2,
+        }

@@ -1,0 +1,88 @@
+"""Shared fixtures: each pipeline test works on its own copy of the project, as a user would.
+
+`built` builds tiny once per session; tests that mutate take a copy of that built
+project (store included) so they start from a warm store without rebuilding.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def project_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    return [f for f in out.splitlines() if (REPO / f).is_file()]
+
+
+def copy_project(dest: Path) -> Path:
+    for rel in project_files():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+    return dest
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    seconds: float
+
+    @property
+    def ran(self) -> list[str]:
+        """Tasks doit executed (its '.  task' lines), e.g. ['shards:tiny', ...]."""
+        return [line[3:].strip() for line in self.out.splitlines() if line.startswith(".  ")]
+
+    def stages_ran(self, recipe="tiny") -> set[str]:
+        return {t.split(":")[0] for t in self.ran if t.endswith(f":{recipe}")}
+
+
+def doit(project: Path, *args, env=None, timeout=900) -> Run:
+    start = time.time()
+    p = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, capture_output=True,
+                       text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return Run(p.returncode, p.stdout + p.stderr, time.time() - start)
+
+
+def snapshot(project: Path) -> dict[str, tuple]:
+    """Every file under artifacts/store and the pointers, with size and mtime: 'nothing changed' checks."""
+    art = project / "artifacts"
+    return {str(p.relative_to(art)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in art.rglob("*") if p.is_file() and p.name not in ("statcache.sqlite", "doit.sqlite")
+            and "-journal" not in p.name}
+
+
+ALL_STAGES = {"base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    project = copy_project(tmp_path_factory.mktemp("built"))
+    run = doit(project, "manifest:tiny")
+    assert run.rc == 0, run.out[-3000:]
+    assert run.stages_ran() == ALL_STAGES
+    return project
+
+
+@pytest.fixture
+def warm(built, tmp_path) -> Path:
+    """A private copy of the built project, store and all."""
+    dest = tmp_path / "proj"
+    shutil.copytree(built, dest, symlinks=True)
+    return dest
+
+
+@pytest.fixture
+def fresh(tmp_path) -> Path:
+    """A private copy of the project with an empty store."""
+    return copy_project(tmp_path / "fresh")

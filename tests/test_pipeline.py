@@ -1,0 +1,171 @@
+"""The build system as a user drives it: what ran, what was rebuilt, what the files say."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import ALL_STAGES, doit, snapshot
+
+
+def pointer(project: Path, stage: str, recipe="tiny") -> dict:
+    return json.loads((project / "artifacts" / recipe / f"{stage}.json").read_text())
+
+
+def artifact(project: Path, stage: str, recipe="tiny") -> Path:
+    return project / "artifacts" / "store" / stage / pointer(project, stage, recipe)["key"]
+
+
+def test_fresh_build_makes_every_artifact(built):
+    evaluation = json.loads((artifact(built, "eval") / "eval.json").read_text())
+    for model in ("base", "trained", "quantized"):
+        assert set(evaluation[model]) >= {"exact_match", "perplexity"}
+    assert evaluation["trained"]["perplexity"] < evaluation["base"]["perplexity"]
+    steps = [json.loads(l) for l in (artifact(built, "checkpoint") / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) == 60
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    quant = json.loads((artifact(built, "quantized") / "model" / "config.json").read_text())
+    assert "fp8" in json.dumps(quant["quantization_config"]).lower()
+    manifest = json.loads((artifact(built, "manifest") / "manifest.json").read_text())
+    assert set(manifest["artifacts"]) == ALL_STAGES - {"manifest"}
+    for stage, art in manifest["artifacts"].items():
+        assert art["digest"] == pointer(built, stage)["digest"]
+        assert art["files"]
+    assert manifest["versions"]["trl"] and manifest["plan"]["device"] == "cpu"
+    for stage in ALL_STAGES:  # a log beside every artifact
+        assert artifact(built, stage).with_suffix(".log").read_text().strip()
+
+
+def test_second_run_runs_nothing_quickly(warm):
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0 and run.ran == [], run.out
+    assert run.seconds < 3, run.seconds
+
+
+def edit_first_training_row(project: Path) -> tuple[str, str]:
+    data = project / "data" / "tiny" / "chat.jsonl"
+    original = data.read_text()
+    heldout = (artifact(project, "shards") / "heldout" / "heldout.jsonl").read_text().splitlines()
+    lines = original.splitlines(keepends=True)
+    i = next(i for i, line in enumerate(lines) if json.dumps(json.loads(line), sort_keys=True) not in heldout)
+    row = json.loads(lines[i])
+    row["messages"][1]["content"] += "!"
+    lines[i] = json.dumps(row) + "\n"
+    data.write_text("".join(lines))
+    return original, "".join(lines)
+
+
+def test_editing_a_row_rebuilds_from_shards_and_revert_is_cached(warm):
+    before = {s: pointer(warm, s) for s in ALL_STAGES}
+    original, _ = edit_first_training_row(warm)
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0, run.out[-2000:]
+    assert run.stages_ran() == {"shards", "checkpoint", "quantized", "eval", "manifest"}
+    (warm / "data" / "tiny" / "chat.jsonl").write_text(original)
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0 and run.ran == [], run.out
+    assert {s: pointer(warm, s) for s in ALL_STAGES} == before
+
+
+def test_changing_eval_settings_reruns_eval_and_manifest_only(warm):
+    recipe = warm / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("max_new_tokens: 12", "max_new_tokens: 10"))
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0, run.out[-2000:]
+    assert run.stages_ran() == {"eval", "manifest"}
+
+
+def test_reformatting_the_recipe_runs_nothing(warm):
+    import yaml
+
+    recipe = warm / "recipes" / "tiny.yaml"
+    data = yaml.safe_load(recipe.read_text())
+    reordered = {k: data[k] for k in reversed(list(data))}
+    text = "# reformatted by hand\n" + yaml.safe_dump(reordered, default_flow_style=False, sort_keys=False)
+    recipe.write_text(text.replace("path: data/tiny/chat.jsonl", "path: 'data/tiny/chat.jsonl'  # quoted"))
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0 and run.ran == [], run.out
+
+
+def test_appending_an_exact_duplicate_stops_at_shards(warm):
+    train_before = json.loads((warm / "artifacts" / "store" / "shards" /
+                               f"{pointer(warm, 'shards')['key']}.json").read_text())["files"]
+    data = warm / "data" / "tiny" / "chat.jsonl"
+    data.write_text(data.read_text() + data.read_text().splitlines(keepends=True)[3])
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0, run.out[-2000:]
+    assert "shards" in run.stages_ran() and "checkpoint" not in run.stages_ran()
+    assert run.stages_ran() == {"shards", "manifest"}
+    after = artifact(warm, "shards")
+    files = json.loads(after.with_suffix(".json").read_text())["files"]
+    assert files["train/shard-00000.safetensors"] == train_before["train/shard-00000.safetensors"]
+    stats = json.loads((after / "stats.json").read_text())
+    assert stats["rows_in_total"] == 3001 and stats["dropped"]["exact_duplicate"] >= 1
+
+
+def test_verify_passes_then_names_the_flipped_file(warm):
+    run = doit(warm, "verify")
+    assert run.rc == 0, run.out
+    assert doit(warm, "verify:tiny").rc == 0
+    for stage in sorted(ALL_STAGES):
+        target = sorted(p for p in artifact(warm, stage).rglob("*") if p.is_file())[0]
+        raw = bytearray(target.read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        target.chmod(0o644)
+        target.write_bytes(bytes(raw))
+        run = doit(warm, "verify:tiny")
+        rel = target.relative_to(artifact(warm, stage)).as_posix()
+        assert run.rc != 0
+        assert f"verify: tiny: {stage}: {rel} differs" in run.out, run.out
+        raw[len(raw) // 2] ^= 0x01
+        target.write_bytes(bytes(raw))
+    assert doit(warm, "verify").rc == 0
+
+
+def test_verify_full_rereads_what_the_stat_cache_would_trust(warm):
+    import os
+
+    target = artifact(warm, "checkpoint") / "model" / "model.safetensors"
+    st = target.stat()
+    raw = bytearray(target.read_bytes())
+    raw[-1] ^= 0xFF
+    target.chmod(0o644)
+    with open(target, "r+b") as f:  # same inode, same size, mtime restored: invisible to stat
+        f.write(bytes(raw))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert doit(warm, "verify:tiny").rc == 0  # the everyday check does not re-read it...
+    run = doit(warm, "verify:tiny", "--full")  # ...the full check does
+    assert run.rc != 0 and "checkpoint: model/model.safetensors differs" in run.out
+
+
+def one_error_line(run) -> str:
+    lines = [l for l in run.out.splitlines() if l.startswith("error: ")]
+    assert run.rc != 0 and len(lines) == 1, run.out[-3000:]
+    return lines[0]
+
+
+def test_bad_input_changes_nothing_and_says_one_line(warm):
+    recipe = warm / "recipes" / "tiny.yaml"
+    good = recipe.read_text()
+    before = snapshot(warm)
+
+    recipe.write_text(good.replace("  max_steps: 60", "  max_steps: 60\n  max_stpes: 61"))
+    line = one_error_line(doit(warm, "manifest:tiny"))
+    assert "recipes/tiny.yaml:" in line and "train.max_stpes: Extra inputs are not permitted" in line
+
+    recipe.write_text(good.replace("lr: 0.003", "lr: fast"))
+    line = one_error_line(doit(warm, "manifest:tiny"))
+    assert "recipes/tiny.yaml:" in line and "train.lr: Input should be a valid number" in line
+
+    recipe.write_text(good.replace("data/tiny/chat.jsonl", "data/tiny/missing.jsonl"))
+    line = one_error_line(doit(warm, "manifest:tiny"))
+    assert "data/tiny/missing.jsonl not found" in line
+    recipe.write_text(good)
+
+    data = warm / "data" / "tiny" / "chat.jsonl"
+    lines = data.read_text().splitlines(keepends=True)
+    lines[16] = lines[16][:-5] + "\n"
+    data.write_text("".join(lines))
+    line = one_error_line(doit(warm, "manifest:tiny"))
+    assert "data/tiny/chat.jsonl:17: malformed JSON" in line
+
+    assert snapshot(warm) == before
