@@ -1,0 +1,111 @@
+"""eval: score the base, trained and quantized models with lm-eval on the held-out split.
+
+Two local tasks built from shards/heldout/heldout.jsonl, no hub access: exact
+match of the greedy answer to the reference (prompt rendered with the model's
+chat template), and per-token perplexity of the reference answer and its
+end-of-turn token given the prompt: the tokens training puts loss on. Scoring the base model too makes eval.json show the gain.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stages.checkpoint import load_trained
+
+
+def heldout_docs(shards: Path, tok, limit: int | None) -> list[dict]:
+    """One doc per held-out row: the chat-rendered prompt up to the last assistant turn, and its answer."""
+    rows = [json.loads(line) for line in (shards / "heldout" / "heldout.jsonl").read_text().splitlines()]
+    docs = []
+    for row in rows[:limit]:
+        messages = row["messages"]
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        prompt = tok.apply_chat_template(messages[:last], tokenize=False, add_generation_prompt=True)
+        answer = messages[last]["content"]
+        # lm-eval moves the prompt's trailing whitespace into the continuation before
+        # scoring it; count the scored tokens the same way so perplexity is per token.
+        context = prompt.rstrip()
+        scored = prompt[len(context):] + answer + tok.eos_token
+        n_tokens = len(tok.encode(context + scored, add_special_tokens=False)) - len(
+            tok.encode(context, add_special_tokens=False))
+        docs.append({"prompt": prompt, "answer": answer, "continuation": answer + tok.eos_token,
+                     "n_tokens": n_tokens})
+    return docs
+
+
+def answer_loglikelihood(doc, results):
+    loglikelihood, _ = results[0]
+    return {"perplexity": (loglikelihood, doc["n_tokens"])}
+
+
+def task_configs(docs: list[dict], eos: str, max_new_tokens: int) -> list[dict]:
+    """The two lm-eval task configs over an in-memory dataset (no YAML, no hub)."""
+    from datasets import Dataset
+
+    data = Dataset.from_list(docs)
+
+    def dataset(**_):  # lm-eval calls it with the task metadata as keyword arguments
+        return {"test": data}
+
+    common = {"custom_dataset": dataset, "test_split": "test", "num_fewshot": 0,
+              "target_delimiter": "", "metadata": {"version": 1}}
+    exact = dict(
+        common, task="heldout_exact_match", output_type="generate_until",
+        doc_to_text="prompt", doc_to_target="answer",
+        generation_kwargs={"until": [eos], "max_gen_toks": max_new_tokens, "do_sample": False},
+        filter_list=[{"name": "strip", "filter": [{"function": "remove_whitespace"},
+                                                  {"function": "take_first"}]}],
+        metric_list=[{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+    )
+    perplexity = dict(
+        common, task="heldout_perplexity", output_type="loglikelihood",
+        doc_to_text="prompt", doc_to_target="continuation", process_results=answer_loglikelihood,
+        metric_list=[{"metric": "perplexity", "aggregation": "weighted_perplexity", "higher_is_better": False}],
+    )
+    return [exact, perplexity]
+
+
+def score(model, tok, docs, settings) -> dict:
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=model.eval(), tokenizer=tok, batch_size=settings.batch_size,
+              max_length=model.config.max_position_embeddings)
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=task_configs(docs, tok.eos_token, settings.max_new_tokens),
+        task_manager=TaskManager(include_defaults=False), num_fewshot=0, apply_chat_template=False,
+        bootstrap_iters=0, log_samples=False, cache_requests=False,
+        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    res = out["results"]
+    exact, ppl = res["heldout_exact_match"], res["heldout_perplexity"]
+    return {"exact_match": float(exact["exact_match,strip"]),
+            "perplexity": float(ppl["perplexity,none"])}
+
+
+def build(ctx, out: Path) -> None:
+    import logging
+    import os
+
+    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    settings = ctx.recipe.eval
+    tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
+    docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
+    models = {
+        "base": lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["base"]),
+        "trained": lambda: load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]),
+    }
+    if (ctx.upstream["quantized"] / "model").is_dir():
+        models["quantized"] = lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["quantized"] / "model")
+    report = {"heldout_rows": len(docs), "settings": settings.model_dump(mode="json")}
+    for name, load in models.items():
+        ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
+        report[name] = score(load(), tok, docs, settings)
+        ctx.log.info("%s: %s", name, report[name])
+    report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"]}
+    (out / "eval.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
