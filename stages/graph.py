@@ -214,6 +214,7 @@ class Reporter(ConsoleReporter):
             super()._write_failure(result, write_exception)
 
 
+(ROOT / "artifacts").mkdir(exist_ok=True)  # doit opens its DB there before any task runs
 DOIT_CONFIG = {
     "default_tasks": ["manifest:tiny"],
     "backend": "sqlite3",
