@@ -31,6 +31,31 @@ def lora_config(t):
                       target_modules=t.lora.target_modules, task_type="CAUSAL_LM")
 
 
+COMPLETE = "mindxtrain-complete"
+
+
+def mark_complete_callback():
+    """Trainer writes checkpoint-N in place, so a kill mid-save leaves a partial directory.
+    Mark each one once it is fully saved; resume only from marked ones."""
+    from transformers import TrainerCallback
+
+    class MarkComplete(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            (Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE).touch()
+
+    return MarkComplete()
+
+
+def last_complete_checkpoint(work: Path) -> Path | None:
+    """The newest fully saved checkpoint; partial ones from a kill are removed."""
+    import shutil
+
+    saved = sorted(work.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    for partial in [p for p in saved if not (p / COMPLETE).exists()]:
+        shutil.rmtree(partial)
+    return next((p for p in reversed(saved) if (p / COMPLETE).exists()), None)
+
+
 def collate(rows):
     """Packed rows are already full length: stack them. No attention mask, so the model
     builds a causal mask per document from the restarting position ids."""
@@ -45,7 +70,6 @@ def build(ctx, out: Path) -> None:
     from datasets import Dataset
     from safetensors.numpy import load_file
     from transformers import AutoTokenizer, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTConfig, SFTTrainer
 
     t = ctx.recipe.train
@@ -73,11 +97,12 @@ def build(ctx, out: Path) -> None:
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                          data_collator=collate,
                          peft_config=lora_config(t) if t.peft == "lora" else None)
-    resume = get_last_checkpoint(str(ctx.work)) if any(ctx.work.iterdir()) else None
+    trainer.add_callback(mark_complete_callback())
+    resume = last_complete_checkpoint(ctx.work)
     if resume:
-        ctx.log.info("resuming from %s", Path(resume).name)
-        ctx.run["resumed_from_step"] = int(Path(resume).name.split("-")[-1])
-    result = trainer.train(resume_from_checkpoint=resume)
+        ctx.log.info("resuming from %s", resume.name)
+        ctx.run["resumed_from_step"] = int(resume.name.split("-")[-1])
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     ctx.run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
 
     with open(out / "metrics.jsonl", "w") as f:
