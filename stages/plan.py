@@ -35,8 +35,15 @@ def device_facts(hardware) -> dict:
             "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus}
 
 
+def env_block(root: Path, profile: str) -> dict[str, str]:
+    """The profile's environment block from ops/hardware.yaml."""
+    import yaml
+
+    return yaml.safe_load((root / "ops" / "hardware.yaml").read_text())[profile]["env"]
+
+
 def extra_inputs(recipe, root: Path, store) -> dict:
-    return device_facts(recipe.hardware)
+    return {"facts": device_facts(recipe.hardware), "env": env_block(root, recipe.hardware.profile)}
 
 
 def time_sdpa_backends(batch, heads, kv_heads, seq, head_dim, budget_s) -> dict[str, float]:
@@ -80,7 +87,7 @@ def build(ctx, out: Path) -> None:
         "micro_batch_size": r.train.micro_batch_size,
         "sequence_length": r.data.max_length,
         "gradient_checkpointing": False,
-        "env": {},
+        "env": env_block(ctx.root, r.hardware.profile),
     }
     if facts["device"] == "cuda" and r.autotune.enabled:
         config = json.loads((ctx.upstream["base"] / "config.json").read_text())
