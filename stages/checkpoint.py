@@ -46,6 +46,20 @@ def mark_complete_callback():
     return MarkComplete()
 
 
+def step_log_callback(log, max_steps: int):
+    """The Trainer's progress bar, with each step's loss written to the stage log
+    (beside the artifact) instead of printed as a raw dict."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class StepLog(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                log.info("step %d/%d loss %.4f grad_norm %.4f lr %.3g", state.global_step, max_steps,
+                         logs["loss"], logs.get("grad_norm", float("nan")), logs.get("learning_rate", 0.0))
+
+    return StepLog()
+
+
 def last_complete_checkpoint(work: Path) -> Path | None:
     """The newest fully saved checkpoint; partial ones from a kill are removed."""
     import shutil
@@ -70,6 +84,7 @@ def build(ctx, out: Path) -> None:
     from datasets import Dataset
     from safetensors.numpy import load_file
     from transformers import AutoTokenizer, set_seed
+    from transformers.trainer_callback import ProgressCallback
     from trl import SFTConfig, SFTTrainer
 
     t = ctx.recipe.train
@@ -91,12 +106,14 @@ def build(ctx, out: Path) -> None:
         warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
         logging_steps=1, save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
         seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
-        bf16=plan["dtype"] == "bfloat16", gradient_checkpointing=plan["gradient_checkpointing"],
+        bf16=plan["dtype"] == "bfloat16", activation_checkpointing=plan["gradient_checkpointing"],
         dataloader_num_workers=0, remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True})
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
                          data_collator=collate,
                          peft_config=lora_config(t) if t.peft == "lora" else None)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(step_log_callback(ctx.log, t.max_steps))
     trainer.add_callback(mark_complete_callback())
     resume = last_complete_checkpoint(ctx.work)
     if resume:
