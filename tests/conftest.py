@@ -47,10 +47,16 @@ class Run:
         return {t.split(":")[0] for t in self.ran if t.endswith(f":{recipe}")}
 
 
+# Builds must not touch the network: every request goes to a proxy that is not there.
+NO_NETWORK = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+              "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+              "NO_PROXY": "", "no_proxy": ""}
+
+
 def doit(project: Path, *args, env=None, timeout=900) -> Run:
     start = time.time()
     p = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, capture_output=True,
-                       text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                       text=True, timeout=timeout, env={**os.environ, **NO_NETWORK, **(env or {})})
     return Run(p.returncode, p.stdout + p.stderr, time.time() - start)
 
 

@@ -1,0 +1,44 @@
+"""Whole clean builds: fast enough, bit-identical when repeated, and the LoRA variant."""
+from __future__ import annotations
+
+import json
+
+from conftest import ALL_STAGES, doit
+from test_pipeline import artifact
+
+
+def test_clean_build_is_fast_and_bit_identical(fresh, built):
+    run = doit(fresh, "manifest:tiny")
+    assert run.rc == 0, run.out[-3000:]
+    assert run.stages_ran() == ALL_STAGES
+    assert run.seconds < 180, run.seconds
+    manifest = (artifact(fresh, "manifest") / "manifest.json").read_bytes()
+    assert manifest == (artifact(built, "manifest") / "manifest.json").read_bytes()
+    for stage in ALL_STAGES:  # no machine paths inside the hashed trees
+        for path in artifact(fresh, stage).rglob("*.json*"):
+            assert str(fresh) not in path.read_text(), path
+
+
+def test_lora_recipe_builds_a_standard_peft_adapter(warm):
+    import torch
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run = doit(warm, "manifest:tiny_lora")
+    assert run.rc == 0, run.out[-3000:]
+    assert run.stages_ran("tiny_lora") == ALL_STAGES - {"base", "shards"}  # shared with tiny
+    assert run.seconds < 180, run.seconds
+    adapter = artifact(warm, "checkpoint", "tiny_lora") / "adapter"
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    config = PeftConfig.from_pretrained(adapter)
+    assert config.peft_type == "LORA" and config.r == 8 and config.lora_alpha == 16
+    base = AutoModelForCausalLM.from_pretrained(artifact(warm, "base", "tiny_lora"))
+    ids = torch.tensor([[3, 4, 5, 6]])
+    before = base(input_ids=ids).logits
+    model = PeftModel.from_pretrained(base, adapter)  # plain PEFT loads it; training moved it
+    assert not torch.allclose(model(input_ids=ids).logits, before)
+    evaluation = json.loads((artifact(warm, "eval", "tiny_lora") / "eval.json").read_text())
+    assert evaluation["trained"]["perplexity"] < evaluation["base"]["perplexity"]
+    quant = json.loads((artifact(warm, "quantized", "tiny_lora") / "model" / "config.json").read_text())
+    assert "fp8" in json.dumps(quant["quantization_config"]).lower()
+    assert doit(warm, "verify").rc == 0
