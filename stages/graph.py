@@ -8,6 +8,7 @@ decides what is up to date.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import importlib.metadata
@@ -92,6 +93,24 @@ def module(stage: Stage):
     return importlib.import_module(f"stages.{stage.module}")
 
 
+@functools.lru_cache(maxsize=None)
+def code_files(module_name: str) -> tuple[str, ...]:
+    """The stage module and every stages/ module it imports, transitively: a change to a
+    helper it calls (checkpoint.load_trained for eval) changes its key too."""
+    found, todo = set(), [module_name]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        tree = ast.parse((CODE_DIR / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("stages"):
+                named = [node.module.split(".", 1)[1]] if "." in node.module else [a.name for a in node.names]
+                todo += [n for n in named if (CODE_DIR / f"{n}.py").is_file()]
+    return tuple(sorted(found))
+
+
 def versions(packages) -> dict[str, str]:
     return {p: importlib.metadata.version(p) for p in packages}
 
@@ -121,7 +140,7 @@ def key_inputs(recipe_name: str, stage: Stage) -> dict:
         upstream[up] = merkle(select(meta["files"], patterns))
     inputs = {
         "stage": stage.name,
-        "code": hash_file(CODE_DIR / f"{stage.module}.py"),
+        "code": {f"stages/{m}.py": hash_file(CODE_DIR / f"{m}.py") for m in code_files(stage.module)},
         "params": {p: keys.recipe_slice(r, p) for p in stage.params},
         "upstream": upstream,
         "env": versions(stage.packages),
