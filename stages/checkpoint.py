@@ -12,6 +12,10 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
+from stages.errors import UserError
+
 
 def trainable_model(ctx, plan: dict):
     import torch
@@ -94,8 +98,12 @@ def build(ctx, out: Path) -> None:
     torch.backends.cudnn.benchmark = False
     set_seed(t.seed)
 
-    shard = load_file(str(ctx.upstream["shards"] / "train" / "shard-00000.safetensors"))
-    train = Dataset.from_dict({k: shard[k].tolist() for k in ("input_ids", "labels", "position_ids")})
+    if t.method != "sft":
+        raise UserError(f"train.method: {t.method} training is not built yet (its shards are: "
+                        f"doit shards:{ctx.recipe_name}); use method: sft")
+    shards = [load_file(str(p)) for p in sorted((ctx.upstream["shards"] / "train").glob("shard-*.safetensors"))]
+    train = Dataset.from_dict({k: np.concatenate([s[k] for s in shards]).tolist()
+                               for k in ("input_ids", "labels", "position_ids")})
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
     model = trainable_model(ctx, plan)
 

@@ -50,8 +50,35 @@ class ModelSection(Section):
 
 
 class Source(Section):
-    path: str
-    format: Literal["auto", "chat"] = "auto"
+    """A local file (path) or a hub dataset pinned to a revision (hub + revision)."""
+    path: Optional[str] = None
+    hub: Optional[str] = None
+    revision: Optional[str] = None
+    subset: Optional[str] = None
+    split: str = "train"
+    format: Literal["auto", "chat", "alpaca", "text", "preference", "prompt"] = "auto"
+    file_format: Literal["auto", "jsonl", "json", "parquet", "csv"] = "auto"
+
+    @model_validator(mode="after")
+    def one_place(self):
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give exactly one of path and hub")
+        if self.hub and not self.revision:
+            raise ValueError("a hub dataset needs a pinned revision (a commit sha)")
+        return self
+
+
+class DedupeSection(Section):
+    """Exact duplicates always go; near duplicates when near_threshold is set (MinHash LSH)."""
+    near_threshold: Optional[float] = Field(0.6, gt=0.0, le=1.0)
+    num_perm: int = Field(128, ge=16)
+    ngram: int = Field(2, ge=1)  # word n-grams; 2 keeps a few changed words in a short row similar
+
+
+class FiltersSection(Section):
+    min_tokens: int = Field(1, ge=1)
+    max_tokens: Optional[int] = Field(None, gt=0)  # longer rows are dropped, whatever truncation says
+    max_repetition: Optional[float] = Field(0.5, gt=0.0, le=1.0)
 
 
 class DataSection(Section):
@@ -60,6 +87,8 @@ class DataSection(Section):
     max_length: int = Field(256, gt=8)
     truncation: Literal["drop", "truncate"] = "drop"
     on_error: Literal["fail", "skip"] = "fail"
+    dedupe: DedupeSection = DedupeSection()
+    filters: FiltersSection = FiltersSection()
     seed: int = 0
 
 
@@ -71,7 +100,7 @@ class LoraSection(Section):
 
 
 class TrainSection(Section):
-    method: Literal["sft"] = "sft"
+    method: Literal["sft", "cpt", "dpo", "orpo", "grpo"] = "sft"
     peft: Literal["none", "lora"] = "none"
     lora: LoraSection = LoraSection()
     lr: float = Field(1e-3, gt=0)

@@ -1,45 +1,18 @@
-"""The shards stage's pieces: exact loss masks, best-fit-decreasing packing, documents that
-never see each other inside a packed sequence, and every bad row failed or counted."""
+"""The shards stage: best-fit-decreasing packing, documents that never see each other inside
+a packed sequence, a stable held-out split, and shards for every training method."""
 from __future__ import annotations
 
-import re
-from collections import Counter
+import gzip
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 
+from conftest import SHARED, doit
 from stages import shards
-from stages.base import char_tokenizer
-from stages.errors import UserError
 
-CONVERSATION = [
-    {"role": "system", "content": "You answer with a number."},
-    {"role": "user", "content": "What is 2 + 3?"},
-    {"role": "assistant", "content": "5"},
-    {"role": "user", "content": "And times 4?"},
-    {"role": "assistant", "content": "20\nthat is all"},
-]
-
-
-def expected_mask(messages) -> list[int]:
-    """ChatML written out by hand, one character per token: 1 on assistant content and its <|im_end|>."""
-    mask = []
-    for m in messages:
-        learn = int(m["role"] == "assistant")
-        mask += [0] + [0] * len(m["role"] + "\n")  # <|im_start|>, role, newline
-        mask += [learn] * len(m["content"]) + [learn] + [0]  # content, <|im_end|>, newline
-    return mask
-
-
-def test_loss_mask_is_exactly_the_assistant_tokens():
-    """The tiny template has no {% generation %} markers: masks come from prefix rendering."""
-    tok = char_tokenizer()
-    assert not re.search(r"\{%-?\s*generation\s", tok.chat_template)
-    ids, mask = shards.encode(tok, CONVERSATION)
-    assert len(ids) == len(mask)
-    assert mask == expected_mask(CONVERSATION)
-    learned = tok.decode([i for i, m in zip(ids, mask) if m])
-    assert learned == "5<|im_end|>20\nthat is all<|im_end|>"
-
+DATASETS = SHARED / "datasets"
 
 def test_best_fit_decreasing_packing():
     bins = shards.pack([5, 4, 3, 3, 2, 1], capacity=8)
@@ -73,36 +46,71 @@ def test_packed_documents_do_not_attend_to_each_other(tmp_path):
     torch.testing.assert_close(packed[:, 11:], alone_b, rtol=1e-5, atol=1e-5)
 
 
-def write_rows(path, lines):
-    path.write_text("".join(line + "\n" for line in lines))
-
-
-GOOD = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
-
-
-def test_bad_rows_fail_with_file_and_line(tmp_path):
-    path = tmp_path / "rows.jsonl"
-    write_rows(path, [GOOD, GOOD, '{"messages": [', GOOD])
-    with pytest.raises(UserError, match=r"^data/rows.jsonl:3: malformed JSON"):
-        list(shards.read_rows(path, "data/rows.jsonl", "fail", Counter()))
-    write_rows(path, [GOOD, '{"messages": [{"role": "wizard", "content": "x"}]}'])
-    with pytest.raises(UserError, match=r"^data/rows.jsonl:2: unknown role 'wizard'"):
-        list(shards.read_rows(path, "data/rows.jsonl", "fail", Counter()))
-
-
-def test_skip_counts_every_dropped_row(tmp_path):
-    path = tmp_path / "rows.jsonl"
-    write_rows(path, [GOOD, "{not json", '{"text": "no messages"}', "",
-                      '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}',
-                      GOOD])
-    dropped = Counter()
-    kept = list(shards.read_rows(path, "rows.jsonl", "skip", dropped))
-    assert len(kept) == 2
-    assert dropped == {"malformed_json": 1, "invalid_row": 2, "blank_line": 1}
-
-
 def test_heldout_split_depends_on_the_row_alone():
     rows = [f"user:what is {i} + 1?\nassistant:{i + 1}" for i in range(2000)]
     split = [shards.is_heldout(r, 0.1, 0) for r in rows]
     assert 150 < sum(split) < 250
     assert [shards.is_heldout(r, 0.1, 0) for r in reversed(rows)] == split[::-1]
+
+
+def shards_for(project: Path, name: str, method: str, sources: list[str], **data) -> tuple[dict, Path]:
+    """Build shards:<name> for a copy of tiny with another method and sources; (stats, train dir)."""
+    import yaml
+
+    recipe = yaml.safe_load((project / "recipes" / "tiny.yaml").read_text())
+    recipe["train"]["method"] = method
+    recipe["data"].update({"sources": [{"path": s} for s in sources], "max_length": 1024, **data})
+    (project / "recipes" / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
+    run = doit(project, f"shards:{name}")
+    assert run.rc == 0, run.out[-3000:]
+    key = json.loads((project / "artifacts" / name / "shards.json").read_text())["key"]
+    obj = project / "artifacts" / "store" / "shards" / key
+    stats = json.loads((obj / "stats.json").read_text())
+    assert stats["rows_in_total"] == stats["kept"]["train"] + stats["kept"]["heldout"] + sum(stats["dropped"].values())
+    return stats, obj / "train"
+
+
+@pytest.mark.skipif(not DATASETS.is_dir(), reason="../shared/datasets is not on this machine")
+def test_preference_and_prompt_shards_from_real_data(fresh):
+    from safetensors.numpy import load_file
+
+    (fresh / "data" / "real").mkdir()
+    shutil.copy(DATASETS / "hh-rlhf-harmless" / "test.jsonl.gz", fresh / "data" / "real" / "hh.jsonl.gz")
+    shutil.copy(DATASETS / "gsm8k" / "test.jsonl", fresh / "data" / "real" / "gsm8k.jsonl")
+
+    stats, train = shards_for(fresh, "hh_dpo", "dpo", ["data/real/hh.jsonl.gz"], on_error="skip")
+    assert stats["kind"] == "preference" and stats["kept"]["train"] > 1000
+    pairs = load_file(str(train / "shard-00000.safetensors"))
+    for side in ("ids", "rejected_ids"):
+        offsets = pairs[f"{side}_offsets"]
+        assert offsets[-1] == len(pairs[side]) == len(pairs[f"{side}_labels"])
+        first = pairs[f"{side}_labels"][offsets[0]: offsets[1]]
+        assert first[0] == -100 and (first != -100).any()  # the prompt has no loss, the answer has
+
+    stats, train = shards_for(fresh, "gsm8k_grpo", "grpo", ["data/real/gsm8k.jsonl"])
+    assert stats["kind"] == "prompt" and stats["kept"]["train"] + stats["kept"]["heldout"] > 1200
+    prompts = load_file(str(train / "shard-00000.safetensors"))
+    references = (train / "shard-00000.references.jsonl").read_text().splitlines()
+    assert len(prompts["ids_offsets"]) == len(references) + 1 == stats["kept"]["train"] + 1
+    assert json.loads(references[0]).split("####")[-1].strip().lstrip("-").replace(",", "").isdigit()
+
+
+def test_continued_pretraining_shards_learn_every_token(fresh):
+    from safetensors.numpy import load_file
+
+    texts = [{"text": f"Line {i}: the quick brown fox number {i} jumps over {i * 7} lazy dogs."} for i in range(300)]
+    (fresh / "data" / "text.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
+    stats, train = shards_for(fresh, "text_cpt", "cpt", ["data/text.jsonl"], max_length=256,
+                              dedupe={"near_threshold": None})
+    assert stats["kind"] == "text" and stats["dropped"] == {}
+    shard = load_file(str(train / "shard-00000.safetensors"))
+    real = shard["labels"] != -100
+    assert stats["loss_tokens"] == stats["tokens"] == int(real.sum())
+
+
+@pytest.mark.skipif(not DATASETS.is_dir(), reason="../shared/datasets is not on this machine")
+def test_packing_real_chat_data_is_over_98_percent_full(fresh):
+    shutil.copy(DATASETS / "gsm8k" / "train.jsonl", fresh / "data" / "gsm8k.jsonl")
+    stats, _ = shards_for(fresh, "gsm8k_sft", "sft", ["data/gsm8k.jsonl"], max_length=4096)
+    assert stats["kept"]["train"] > 7000
+    assert stats["packing_efficiency"] > 0.98, stats

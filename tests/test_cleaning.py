@@ -1,0 +1,69 @@
+"""Cleaning on real rows: near copies (a few words changed) are found, and nothing else is."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from stages import cleaning, rows
+from stages.recipe import DedupeSection, FiltersSection
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+GSM8K = SHARED / "gsm8k" / "train.jsonl"
+
+
+def records_of(lines):
+    return [rows.convert(json.loads(line), "auto", "chat") for line in lines]
+
+
+def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
+    """The same problem with `changes` words of the answer replaced."""
+    words = record["messages"][1]["content"].split(" ")
+    for i in rng.sample(range(len(words)), changes):
+        words[i] = rng.choice(["apples", "seven", "quickly", "blue", "twelve"])
+    return {"messages": [record["messages"][0], {"role": "assistant", "content": " ".join(words)}]}
+
+
+def clean(records, **dedupe):
+    cleaner = cleaning.Cleaner(DedupeSection(**dedupe), FiltersSection(max_repetition=None))
+    return [cleaner.drop_reason(cleaning.normalized(r), rows.answers(r)) for r in records]
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
+def test_near_duplicates_of_real_rows_are_found_and_nothing_else():
+    originals = records_of(GSM8K.read_text().splitlines()[:1000])
+    rng = random.Random(7)
+    picked = rng.sample(range(len(originals)), 40)
+    copies = [near_copy(originals[i], rng) for i in picked]
+    exact = [originals[i] for i in picked[:5]]
+    stream = originals + copies + exact
+    order = list(range(len(stream)))
+    rng.shuffle(order)  # copies may come before their original: the first seen is kept
+    reasons = clean([stream[i] for i in order])  # the default threshold
+    dropped = {order[k] for k, r in enumerate(reasons) if r}
+    groups = {i: {i, len(originals) + j} for j, i in enumerate(picked)}
+    for j, i in enumerate(picked[:5]):
+        groups[i].add(len(originals) + len(copies) + j)
+    for group in groups.values():  # one row of each group is kept...
+        assert len(group - dropped) == 1, group
+    assert len(dropped) == sum(len(g) - 1 for g in groups.values())  # ...and no distinct row is dropped
+    assert {r for r in reasons if r} == {"near_duplicate", "exact_duplicate"}
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
+def test_near_dedupe_off_keeps_near_copies():
+    originals = records_of(GSM8K.read_text().splitlines()[:50])
+    copies = [near_copy(r, random.Random(1)) for r in originals[:10]]
+    assert not any(clean(originals + copies, near_threshold=None))
+
+
+def test_repetition_filter():
+    loop = {"messages": [{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": "I am sure. " * 40}]}
+    varied = {"messages": [{"role": "user", "content": "q"},
+                           {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
+    cleaner = cleaning.Cleaner(DedupeSection(near_threshold=None), FiltersSection(max_repetition=0.5))
+    assert cleaner.drop_reason(cleaning.normalized(loop), rows.answers(loop)) == "repetitive"
+    assert cleaner.drop_reason(cleaning.normalized(varied), rows.answers(varied)) is None

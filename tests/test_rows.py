@@ -1,0 +1,130 @@
+"""Sources and formats: every supported file type and row layout becomes the canonical record,
+and a bad row fails with file:line or, with on_error: skip, is counted."""
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from stages import rows
+from stages.errors import UserError
+from stages.recipe import DataSection
+from stages.shards import records
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/datasets is not on this machine")
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+
+
+def read(tmp_path, files: dict[str, str | bytes], kind="chat", on_error="fail", **source):
+    for name, body in files.items():
+        (tmp_path / name).write_bytes(body if isinstance(body, bytes) else body.encode())
+    data = DataSection(sources=[{"path": name, **source} for name in files], on_error=on_error)
+    dropped, rows_in = Counter(), Counter()
+    return list(records(data, kind, tmp_path, dropped, rows_in)), dropped, rows_in
+
+
+def jsonl(*objs) -> str:
+    return "".join(json.dumps(o) + "\n" for o in objs)
+
+
+def test_formats_are_detected_and_converted():
+    chat = rows.convert(CHAT, "auto", "chat")
+    assert chat == {"messages": CHAT["messages"]}
+    sharegpt = rows.convert({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+                            "auto", "chat")
+    assert sharegpt["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    alpaca = rows.convert({"instruction": "Add", "input": "2 3", "output": "5"}, "auto", "chat")
+    assert alpaca["messages"] == [{"role": "user", "content": "Add\n\n2 3"}, {"role": "assistant", "content": "5"}]
+    reasoning = rows.convert({"messages": [{"role": "user", "content": "q"},
+                                           {"role": "assistant", "content": "a", "thinking": "hmm"}]}, "auto", "chat")
+    assert reasoning["messages"][1] == {"role": "assistant", "content": "a", "reasoning": "hmm"}
+    assert rows.convert({"text": "once upon"}, "auto", "text") == {"text": "once upon"}
+    pair = rows.convert({"prompt": "q", "chosen": "good", "rejected": "bad"}, "auto", "preference")
+    assert pair == {"prompt": [{"role": "user", "content": "q"}],
+                    "chosen": [{"role": "assistant", "content": "good"}],
+                    "rejected": [{"role": "assistant", "content": "bad"}]}
+    implicit = rows.convert({"chosen": CHAT["messages"],
+                             "rejected": [CHAT["messages"][0], {"role": "assistant", "content": "no"}]},
+                            "auto", "preference")
+    assert implicit["prompt"] == CHAT["messages"][:1] and implicit["rejected"][0]["content"] == "no"
+    grpo = rows.convert({"question": "2+2?", "answer": "4"}, "auto", "prompt")
+    assert grpo == {"prompt": [{"role": "user", "content": "2+2?"}], "reference": "4"}
+    assert rows.convert({"question": "2+2?", "answer": "4"}, "auto", "chat")["messages"][1]["content"] == "4"
+
+
+def test_a_row_of_the_wrong_kind_is_refused():
+    with pytest.raises(rows.BadRow, match="cannot feed continued pretraining"):
+        rows.convert(CHAT, "auto", "text")
+
+
+def test_file_types_jsonl_json_csv_parquet_and_gzip(tmp_path):
+    import pandas as pd
+
+    pd.DataFrame([{"instruction": "Add", "input": "", "output": "5"}]).to_parquet(tmp_path / "a.parquet")
+    pd.DataFrame([{"prompt": "2+2?", "answer": "4"}]).to_csv(tmp_path / "b.csv", index=False)
+    got, dropped, rows_in = read(tmp_path, {
+        "c.jsonl": jsonl(CHAT),
+        "d.json": json.dumps([CHAT, CHAT]),
+        "e.jsonl.gz": gzip.compress(jsonl(CHAT).encode()),
+    })
+    assert len(got) == 4 and not dropped
+    (tmp_path / "f.csv.gz").write_bytes(gzip.compress(b"question,answer\n2+2?,4.50\n"))
+    data = DataSection(sources=[{"path": "a.parquet"}, {"path": "b.csv"}, {"path": "f.csv.gz"}])
+    parsed = list(records(data, "chat", tmp_path, Counter(), Counter()))
+    assert [r["messages"][-1]["content"] for r in parsed] == ["5", "4", "4.50"]  # cells stay text
+
+
+def test_hub_source_reads_a_pinned_dataset(tmp_path):
+    """The hub code path, run against a local dataset directory (no network here)."""
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "train.jsonl").write_text(jsonl(CHAT, {"messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}))
+    data = DataSection(sources=[{"hub": str(tmp_path / "ds"), "revision": "0" * 40}])
+    rows_in = Counter()
+    got = list(records(data, "chat", tmp_path, Counter(), rows_in))
+    assert [r["messages"][1]["content"] for r in got] == ["yo", "b"]
+    assert rows_in == {f"{tmp_path / 'ds'}@{'0' * 40}": 2}
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"messages": [', "t.jsonl:2: malformed JSON"),
+    ('{"messages": [{"role": "user"}]}', "t.jsonl:2: a message without string content"),
+    ('{"messages": [{"role": "wizard", "content": "x"}]}', "t.jsonl:2: unknown role 'wizard'"),
+    ('{"foo": 1}', "t.jsonl:2: cannot tell the format"),
+])
+def test_bad_rows_fail_with_file_and_line(tmp_path, line, message):
+    with pytest.raises(UserError) as e:
+        read(tmp_path, {"t.jsonl": jsonl(CHAT) + line + "\n" + jsonl(CHAT)})
+    assert str(e.value).startswith(message) and "on_error: skip" in str(e.value)
+
+
+def test_skip_counts_every_dropped_row(tmp_path):
+    got, dropped, rows_in = read(tmp_path, {"t.jsonl": jsonl(CHAT) + "{not json\n" + '{"foo": 1}\n' + "\n" + jsonl(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
+        {"messages": [{"role": "user", "content": "q"}]}, CHAT)}, on_error="skip")
+    assert len(got) == 2
+    assert dropped == {"malformed_json": 1, "unknown_format": 1, "blank_line": 1, "empty_answer": 1,
+                       "no_assistant_turn": 1}
+    assert rows_in["t.jsonl"] == len(got) + sum(dropped.values())
+
+
+@needs_shared
+def test_real_datasets_convert_without_loss():
+    """ShareGPT conversations, GSM8K problems and HH-RLHF transcripts (gzip) from ../shared."""
+    data = DataSection(sources=[{"path": "fastchat-dummy-conversation/dummy_conversation.json"},
+                                {"path": "gsm8k/test.jsonl"}])
+    dropped = Counter()
+    chats = list(records(data, "chat", SHARED, dropped, Counter()))
+    assert len(chats) == 500 + 1319 and not dropped
+    assert {m["role"] for r in chats for m in r["messages"]} <= {"user", "assistant"}
+    data = DataSection(sources=[{"path": "hh-rlhf-harmless/test.jsonl.gz"}], on_error="skip")
+    dropped = Counter()
+    pairs = list(records(data, "preference", SHARED, dropped, Counter()))
+    assert len(pairs) + sum(dropped.values()) == 2312 and len(pairs) > 2200
+    first = pairs[0]
+    assert first["prompt"][-1]["role"] == "user" and first["chosen"] != first["rejected"]

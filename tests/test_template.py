@@ -1,0 +1,105 @@
+"""Exact loss masks from the model's own chat template, token by token.
+
+The tokenizer is the tiny char-level one (one token per character, so every
+expected position can be written out by hand); the templates are the models' own,
+as TRL ships them for identity checks: Qwen3's (it drops the reasoning of earlier
+turns and has no generation markers) and gpt-oss's Harmony format."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trl
+
+from stages import template
+from stages.base import char_tokenizer
+
+TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+
+CONVERSATION = [
+    {"role": "system", "content": "You answer with a number."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "5", "reasoning": "two plus three"},
+    {"role": "user", "content": "And times 4?"},
+    {"role": "assistant", "content": "20\nthat is all", "reasoning": "five times four"},
+]
+
+
+def tokenizer(template_file: str | None = None, specials=()):
+    tok = char_tokenizer()
+    if template_file:
+        tok.chat_template = (TEMPLATES / template_file).read_text()
+    if specials:
+        tok.add_special_tokens({"additional_special_tokens": list(specials)})
+    return tok
+
+
+def expected(pieces: list[tuple[str, int]], tok) -> tuple[list[int], list[int]]:
+    """Token ids and mask from (text, learn) pieces written out by hand."""
+    ids, mask = [], []
+    for text, learn in pieces:
+        piece = tok(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [learn] * len(piece)
+    return ids, mask
+
+
+def check(tok, conversation, pieces):
+    [(ids, mask)] = template.encode_chats(tok, [conversation])
+    want_ids, want_mask = expected(pieces, tok)
+    assert tok.decode(ids) == "".join(t for t, _ in pieces)
+    assert ids == want_ids
+    assert mask == want_mask, [(tok.decode([i]), m) for i, m in zip(ids, mask)]
+
+
+def test_chatml_masks_assistant_content_and_end_of_turn():
+    tok = tokenizer()
+    check(tok, CONVERSATION, [
+        ("<|im_start|>system\nYou answer with a number.<|im_end|>\n", 0),
+        ("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("5<|im_end|>", 1),
+        ("\n<|im_start|>user\nAnd times 4?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("20\nthat is all<|im_end|>", 1),
+        ("\n", 0),
+    ])
+
+
+def test_qwen3_template_reasoning_block_and_history_rewrite():
+    """Qwen3 renders the last turn's reasoning as a <think> block (the model produces it: loss),
+    drops the earlier turn's reasoning, and has no {% generation %} markers."""
+    tok = tokenizer("qwen3.jinja")
+    assert "generation %}" not in tok.chat_template
+    check(tok, CONVERSATION, [
+        ("<|im_start|>system\nYou answer with a number.<|im_end|>\n", 0),
+        ("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("5<|im_end|>", 1),
+        ("\n<|im_start|>user\nAnd times 4?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("<think>\nfive times four\n</think>\n\n20\nthat is all<|im_end|>", 1),
+        ("\n", 0),
+    ])
+
+
+def test_gpt_oss_harmony_channels():
+    """Harmony: the model writes the channel names, the analysis (reasoning) and the final answer;
+    <|end|> closes an earlier turn and <|return|> the last one."""
+    tok = tokenizer("gptoss.jinja", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"])
+    text = template.render(tok, CONVERSATION)
+    system_end = text.index("<|start|>user")
+    check(tok, CONVERSATION, [
+        (text[:system_end], 0),
+        ("<|start|>user<|message|>What is 2 + 3?<|end|><|start|>assistant", 0),
+        ("<|channel|>final<|message|>5<|end|>", 1),
+        ("<|start|>user<|message|>And times 4?<|end|><|start|>assistant", 0),
+        ("<|channel|>analysis<|message|>five times four<|end|><|start|>assistant"
+         "<|channel|>final<|message|>20\nthat is all<|return|>", 1),
+    ])
+
+
+def test_a_template_that_hides_assistant_turns_is_refused():
+    from stages.errors import UserError
+
+    tok = tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}"
+                         "{% endif %}{% endfor %}{% if add_generation_prompt %}>{% endif %}")
+    with pytest.raises(UserError, match="loss masks cannot be derived"):
+        template.encode_chats(tok, [CONVERSATION])
