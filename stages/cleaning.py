@@ -89,22 +89,29 @@ def repetition_ratio(texts: list[str], n: int = 3) -> float:
     return 1 - len(set(grams)) / len(grams) if len(grams) > 1 else 0.0
 
 
+def describe(record: dict, answers: list[str], dedupe) -> dict:
+    """What cleaning needs to know of one row, computed once (and cached with its tokens)."""
+    norm = normalized(record)
+    return {"fingerprint": fingerprint(norm),
+            "signature": signature(norm, dedupe.ngram, dedupe.num_perm) if dedupe.near_threshold else None,
+            "repetition": repetition_ratio(answers)}
+
+
 class Cleaner:
     """Decides, row by row in a fixed order, whether a row is dropped and why."""
 
     def __init__(self, dedupe, filters):
-        self.dedupe, self.filters = dedupe, filters
+        self.filters = filters
         self.exact: set[bytes] = set()
         self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm) if dedupe.near_threshold else None
 
-    def drop_reason(self, norm: str, answers: list[str]) -> str | None:
-        fp = fingerprint(norm)
-        if fp in self.exact:
+    def drop_reason(self, fingerprint: bytes, signature, repetition: float) -> str | None:
+        if fingerprint in self.exact:
             return "exact_duplicate"
-        self.exact.add(fp)
-        if self.near is not None and self.near.seen(signature(norm, self.dedupe.ngram, self.dedupe.num_perm)):
+        self.exact.add(fingerprint)
+        if self.near is not None and self.near.seen(signature):
             return "near_duplicate"
         limit = self.filters.max_repetition
-        if limit is not None and repetition_ratio(answers) > limit:
+        if limit is not None and repetition > limit:
             return "repetitive"
         return None

@@ -117,15 +117,33 @@ def versions(packages) -> dict[str, str]:
 
 @dataclass
 class Context:
-    """What a stage's build function gets: its inputs, never the store to mutate."""
+    """What a stage's build function gets: its inputs, never the store to mutate
+    (except through `cached`, which adds whole, content-keyed objects)."""
     recipe_name: str
     recipe: Recipe
     root: Path
     key: str
+    inputs: dict  # what the key was computed from
     upstream: dict[str, Path]
     work: Path
     log: logging.Logger
     run: dict = field(default_factory=dict)  # run-time measurements, kept beside the artifact
+
+    def cached(self, part: str, inputs: dict, make) -> tuple[Path, bool]:
+        """A piece of this stage's work (one data file's tokens, say) kept in the store under
+        its own key: built by make(dir) once, committed atomically, reused by any later build
+        whose inputs for it match, whatever else changed. Returns (its path, whether reused)."""
+        stage, key, st = f"{self.inputs['stage']}-{part}", keys.key_of(inputs), store()
+        reused = not st.damage(stage, key)
+        if not reused:
+            tmp = st.temp_dir(stage, key)
+            try:
+                make(tmp)
+                st.commit(stage, key, tmp, {"inputs": inputs})
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.run.setdefault(part, {})[key] = "reused" if reused else "built"
+        return st.path(stage, key), reused
 
 
 def key_inputs(recipe_name: str, stage: Stage) -> dict:
@@ -187,7 +205,7 @@ def build(recipe_name: str, stage_name: str):
         log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
         log.info("building %s:%s key=%s", stage.name, recipe_name, key)
         ptrs = {up: st.pointer(recipe_name, up) for up in stage.upstream}
-        ctx = Context(recipe_name, recipe(recipe_name), ROOT, key,
+        ctx = Context(recipe_name, recipe(recipe_name), ROOT, key, inputs,
                       {up: st.path(up, p["key"]) for up, p in ptrs.items()},
                       st.work_dir(stage.name, key), log)
         start = time.time()

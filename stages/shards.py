@@ -12,6 +12,7 @@ deterministic order. Every row read is kept or counted under a drop reason.
 from __future__ import annotations
 
 import bisect
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -41,10 +42,10 @@ def extra_inputs(recipe, root: Path, store) -> dict:
     return digests
 
 
-def is_heldout(norm: str, fraction: float, seed: int) -> bool:
-    """A stable split: a row's side depends on its own content alone, not on its neighbours."""
-    h = int(blake3.blake3(f"{seed}\0{norm}".encode()).hexdigest()[:8], 16)
-    return h < fraction * 2**32
+def split_hash(norm: str, seed: int) -> int:
+    """A stable split: a row's side depends on its own content alone, not on its neighbours.
+    The row is held out when this 32-bit hash is below fraction * 2**32."""
+    return int(blake3.blake3(f"{seed}\0{norm}".encode()).hexdigest()[:8], 16)
 
 
 def pack(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -65,29 +66,34 @@ def pack(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def records(data, kind: str, root: Path, dropped: Counter, rows_in: Counter):
-    """Canonical records from every source, in recipe order; bad rows fail (file:line) or are counted."""
-    for src in data.sources:
-        if src.path is not None:
-            fmt = rows.file_format(src.path) if src.file_format == "auto" else src.file_format
-            raw, label = rows.read_local(root / src.path, src.path, fmt), src.path
-        else:
-            raw, label = rows.read_hub(src.hub, src.revision, src.subset, src.split), f"{src.hub}@{src.revision}"
-        for where, row in raw:
-            rows_in[label] += 1
-            try:
-                if isinstance(row, rows.BadRow):
-                    raise row
-                record = rows.convert(row, src.format, kind)
-            except rows.BadRow as e:
-                if data.on_error == "skip" or e.reason == "blank_line":
-                    dropped[e.reason] += 1
-                    continue
-                raise UserError(f"{where}: {e}; fix the row or set data.on_error: skip") from None
-            if not all(a.strip() for a in rows.answers(record)):
-                dropped["empty_answer"] += 1
+def label_of(src) -> str:
+    return src.path if src.path is not None else f"{src.hub}@{src.revision}"
+
+
+def records(src, data, kind: str, root: Path, dropped: Counter):
+    """Canonical records of one source, in file order; bad rows fail (file:line) or are counted.
+    Yields None for each row that is dropped, so the caller can count rows in."""
+    if src.path is not None:
+        fmt = rows.file_format(src.path) if src.file_format == "auto" else src.file_format
+        raw = rows.read_local(root / src.path, src.path, fmt)
+    else:
+        raw = rows.read_hub(src.hub, src.revision, src.subset, src.split)
+    for where, row in raw:
+        try:
+            if isinstance(row, rows.BadRow):
+                raise row
+            record = rows.convert(row, src.format, kind)
+        except rows.BadRow as e:
+            if data.on_error == "skip" or e.reason == "blank_line":
+                dropped[e.reason] += 1
+                yield None
                 continue
-            yield record
+            raise UserError(f"{where}: {e}; fix the row or set data.on_error: skip") from None
+        if not all(a.strip() for a in rows.answers(record)):
+            dropped["empty_answer"] += 1
+            yield None
+            continue
+        yield record
 
 
 def tokenize(tok, kind: str, batch: list[dict]) -> list[dict]:
@@ -127,14 +133,14 @@ class Writer:
             self.dropped["too_long"] += 1
             return
         if n > L:
-            doc = {k: v[:L] if isinstance(v, list) else v for k, v in doc.items()}
+            doc = {k: v if isinstance(v, str) else v[:L] for k, v in doc.items()}
             self.counts["truncated_kept"] += 1
-        if self.kind != "prompt" and not any(doc["mask"]):
+        if self.kind != "prompt" and not np.any(doc["mask"]):
             self.dropped["no_loss_tokens"] += 1
             return
         self.counts["documents"] += 1
         self.counts["tokens"] += len(doc["ids"])
-        self.counts["loss_tokens"] += sum(doc["mask"]) + sum(doc.get("rejected_mask", ()))
+        self.counts["loss_tokens"] += int(np.sum(doc["mask"])) + int(np.sum(doc.get("rejected_mask", 0)))
         self.window.append(doc)
         if len(self.window) == PACK_WINDOW:
             self.flush()
@@ -200,43 +206,112 @@ class Writer:
         save_file(tensors, str(path))
 
 
-def build(ctx, out: Path) -> None:
+def part_inputs(ctx, src, kind: str) -> dict:
+    """What one source's prepared rows depend on: its content and the per-row settings only,
+    so editing one file (or a global setting such as max_length) leaves other files' work reusable."""
+    d = ctx.recipe.data
+    return {"code": ctx.inputs["code"], "tokenizer": ctx.inputs["upstream"]["base"],
+            "source": src.model_dump(mode="json"), "content": ctx.inputs["extra"].get(src.path),
+            "kind": kind, "on_error": d.on_error, "seed": d.seed,
+            "near": [d.dedupe.ngram, d.dedupe.num_perm] if d.dedupe.near_threshold else None}
+
+
+def write_chunk(out: Path, index: int, chunk: list[dict], kind: str, tok, data) -> None:
+    """One chunk of a source's prepared rows: cleaning facts, tokens, and the records themselves."""
+    from safetensors.numpy import save_file
+
+    facts = [cleaning.describe(r, rows.answers(r), data.dedupe) for r in chunk]
+    docs = [d for i in range(0, len(chunk), TOKENIZE_BATCH) for d in tokenize(tok, kind, chunk[i: i + TOKENIZE_BATCH])]
+    arrays = {
+        "fingerprint": np.frombuffer(b"".join(f["fingerprint"] for f in facts), dtype=np.uint8).reshape(-1, 16),
+        "split": np.array([split_hash(cleaning.normalized(r), data.seed) for r in chunk], dtype=np.uint32),
+        "repetition": np.array([f["repetition"] for f in facts], dtype=np.float32),
+    }
+    if data.dedupe.near_threshold:
+        arrays["signature"] = np.stack([f["signature"] for f in facts]).astype(np.uint32)
+    for key in ("ids", "rejected_ids") if kind == "preference" else ("ids",):
+        mask_key = key.replace("ids", "mask")
+        arrays[key] = np.concatenate([np.asarray(d[key], dtype=np.int32) for d in docs])
+        arrays[f"{key}_offsets"] = np.cumsum([0] + [len(d[key]) for d in docs]).astype(np.int64)
+        arrays[mask_key] = np.concatenate([np.asarray(d[mask_key], dtype=np.uint8) for d in docs])
+    save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"))
+    with open(out / f"chunk-{index:05d}.records.jsonl.gz", "wb") as raw, \
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:  # byte-deterministic
+        for r in chunk:
+            f.write((json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n").encode())
+
+
+def prepare_source(ctx, src, kind: str, tok, out: Path) -> None:
+    """Everything per row of one source that does not depend on other rows: read, convert,
+    describe for cleaning, tokenize. Chunked, so memory stays bounded on large files."""
     from tqdm import tqdm
+
+    dropped, chunk, index, rows_in = Counter(), [], 0, 0
+    for record in tqdm(records(src, ctx.recipe.data, kind, ctx.root, dropped), desc=label_of(src),
+                       unit=" rows", mininterval=2):
+        rows_in += 1
+        if record is None:
+            continue
+        chunk.append(record)
+        if len(chunk) == PACK_WINDOW:
+            write_chunk(out, index, chunk, kind, tok, ctx.recipe.data)
+            chunk, index = [], index + 1
+    if chunk:
+        write_chunk(out, index, chunk, kind, tok, ctx.recipe.data)
+    (out / "stats.json").write_text(json.dumps({"rows_in": rows_in, "dropped": dict(sorted(dropped.items()))},
+                                               indent=1, sort_keys=True) + "\n")
+
+
+def prepared_rows(part: Path, kind: str):
+    """(cleaning facts, tokenized doc, record) for each row of a prepared source, in order."""
+    from safetensors.numpy import load_file
+
+    for path in sorted(part.glob("chunk-*.safetensors")):
+        a = load_file(str(path))
+        with gzip.open(path.with_name(path.name.replace(".safetensors", ".records.jsonl.gz")), "rt") as f:
+            records_ = [json.loads(line) for line in f]
+        sides = ("ids", "rejected_ids") if kind == "preference" else ("ids",)
+        for i, record in enumerate(records_):
+            doc = {}
+            for key in sides:
+                lo, hi = a[f"{key}_offsets"][i], a[f"{key}_offsets"][i + 1]
+                doc[key], doc[key.replace("ids", "mask")] = a[key][lo:hi], a[key.replace("ids", "mask")][lo:hi]
+            if kind == "prompt":
+                doc["reference"] = record["reference"]
+            facts = {"fingerprint": a["fingerprint"][i].tobytes(), "repetition": float(a["repetition"][i]),
+                     "signature": a["signature"][i] if "signature" in a else None}
+            yield facts, int(a["split"][i]), doc, record
+
+
+def build(ctx, out: Path) -> None:
     from transformers import AutoTokenizer
 
     data, kind = ctx.recipe.data, rows.KIND_OF_METHOD[ctx.recipe.train.method]
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    dropped, rows_in = Counter(), Counter()
+    dropped, rows_in = Counter(), {}
     cleaner = cleaning.Cleaner(data.dedupe, data.filters)
     writer = Writer(out, kind, data, tok.pad_token_id, dropped)
     (out / "heldout").mkdir()
-    heldout = open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8")
-    kept_heldout, batch = 0, []
-    progress = tqdm(desc="rows", unit=" rows", mininterval=2)
-
-    def flush_batch():
-        for doc in tokenize(tok, kind, batch):
-            writer.add(doc)
-        batch.clear()
-
-    for record in records(data, kind, ctx.root, dropped, rows_in):
-        progress.update()
-        norm = cleaning.normalized(record)
-        reason = cleaner.drop_reason(norm, rows.answers(record))
-        if reason:
-            dropped[reason] += 1
-            continue
-        if is_heldout(norm, data.heldout_fraction, data.seed):
-            heldout.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
-            kept_heldout += 1
-            continue
-        batch.append(record)
-        if len(batch) == TOKENIZE_BATCH:
-            flush_batch()
-    flush_batch()
+    kept_heldout, cutoff = 0, data.heldout_fraction * 2**32
+    with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
+        for src in data.sources:
+            part, reused = ctx.cached("source", part_inputs(ctx, src, kind),
+                                      lambda tmp, src=src: prepare_source(ctx, src, kind, tok, tmp))
+            ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
+                         else "read, cleaned and tokenized")
+            part_stats = json.loads((part / "stats.json").read_text())
+            rows_in[label_of(src)] = part_stats["rows_in"]
+            dropped.update(part_stats["dropped"])
+            for facts, split, doc, record in prepared_rows(part, kind):
+                reason = cleaner.drop_reason(**facts)
+                if reason:
+                    dropped[reason] += 1
+                elif split < cutoff:
+                    heldout.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+                    kept_heldout += 1
+                else:
+                    writer.add(doc)
     writer.flush()
-    heldout.close()
-    progress.close()
     if not writer.shards:
         raise UserError(f"data: no training rows left after cleaning (dropped {dict(dropped)}); "
                         f"check the sources and filters")

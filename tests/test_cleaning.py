@@ -27,8 +27,9 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 
 
 def clean(records, **dedupe):
-    cleaner = cleaning.Cleaner(DedupeSection(**dedupe), FiltersSection(max_repetition=None))
-    return [cleaner.drop_reason(cleaning.normalized(r), rows.answers(r)) for r in records]
+    settings = DedupeSection(**dedupe)
+    cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None))
+    return [cleaner.drop_reason(**cleaning.describe(r, rows.answers(r), settings)) for r in records]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
@@ -64,6 +65,7 @@ def test_repetition_filter():
                          {"role": "assistant", "content": "I am sure. " * 40}]}
     varied = {"messages": [{"role": "user", "content": "q"},
                            {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
-    cleaner = cleaning.Cleaner(DedupeSection(near_threshold=None), FiltersSection(max_repetition=0.5))
-    assert cleaner.drop_reason(cleaning.normalized(loop), rows.answers(loop)) == "repetitive"
-    assert cleaner.drop_reason(cleaning.normalized(varied), rows.answers(varied)) is None
+    settings = DedupeSection(near_threshold=None)
+    cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
+    assert cleaner.drop_reason(**cleaning.describe(loop, rows.answers(loop), settings)) == "repetitive"
+    assert cleaner.drop_reason(**cleaning.describe(varied, rows.answers(varied), settings)) is None

@@ -12,7 +12,7 @@ import pytest
 from stages import rows
 from stages.errors import UserError
 from stages.recipe import DataSection
-from stages.shards import records
+from stages.shards import label_of, records
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/datasets is not on this machine")
@@ -20,12 +20,21 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/dataset
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 
 
-def read(tmp_path, files: dict[str, str | bytes], kind="chat", on_error="fail", **source):
+def collect(data: DataSection, kind: str, root: Path):
+    """(kept records, drop counts, rows read per source) of every source, as the shards stage reads them."""
+    kept, dropped, rows_in = [], Counter(), Counter()
+    for src in data.sources:
+        for record in records(src, data, kind, root, dropped):
+            rows_in[label_of(src)] += 1
+            if record is not None:
+                kept.append(record)
+    return kept, dropped, rows_in
+
+
+def read(tmp_path, files: dict[str, str | bytes], kind="chat", on_error="fail"):
     for name, body in files.items():
         (tmp_path / name).write_bytes(body if isinstance(body, bytes) else body.encode())
-    data = DataSection(sources=[{"path": name, **source} for name in files], on_error=on_error)
-    dropped, rows_in = Counter(), Counter()
-    return list(records(data, kind, tmp_path, dropped, rows_in)), dropped, rows_in
+    return collect(DataSection(sources=[{"path": name} for name in files], on_error=on_error), kind, tmp_path)
 
 
 def jsonl(*objs) -> str:
@@ -75,7 +84,7 @@ def test_file_types_jsonl_json_csv_parquet_and_gzip(tmp_path):
     assert len(got) == 4 and not dropped
     (tmp_path / "f.csv.gz").write_bytes(gzip.compress(b"question,answer\n2+2?,4.50\n"))
     data = DataSection(sources=[{"path": "a.parquet"}, {"path": "b.csv"}, {"path": "f.csv.gz"}])
-    parsed = list(records(data, "chat", tmp_path, Counter(), Counter()))
+    parsed, _, _ = collect(data, "chat", tmp_path)
     assert [r["messages"][-1]["content"] for r in parsed] == ["5", "4", "4.50"]  # cells stay text
 
 
@@ -85,8 +94,7 @@ def test_hub_source_reads_a_pinned_dataset(tmp_path):
     (tmp_path / "ds" / "train.jsonl").write_text(jsonl(CHAT, {"messages": [
         {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}))
     data = DataSection(sources=[{"hub": str(tmp_path / "ds"), "revision": "0" * 40}])
-    rows_in = Counter()
-    got = list(records(data, "chat", tmp_path, Counter(), rows_in))
+    got, _, rows_in = collect(data, "chat", tmp_path)
     assert [r["messages"][1]["content"] for r in got] == ["yo", "b"]
     assert rows_in == {f"{tmp_path / 'ds'}@{'0' * 40}": 2}
 
@@ -118,13 +126,11 @@ def test_real_datasets_convert_without_loss():
     """ShareGPT conversations, GSM8K problems and HH-RLHF transcripts (gzip) from ../shared."""
     data = DataSection(sources=[{"path": "fastchat-dummy-conversation/dummy_conversation.json"},
                                 {"path": "gsm8k/test.jsonl"}])
-    dropped = Counter()
-    chats = list(records(data, "chat", SHARED, dropped, Counter()))
+    chats, dropped, _ = collect(data, "chat", SHARED)
     assert len(chats) == 500 + 1319 and not dropped
     assert {m["role"] for r in chats for m in r["messages"]} <= {"user", "assistant"}
     data = DataSection(sources=[{"path": "hh-rlhf-harmless/test.jsonl.gz"}], on_error="skip")
-    dropped = Counter()
-    pairs = list(records(data, "preference", SHARED, dropped, Counter()))
+    pairs, dropped, _ = collect(data, "preference", SHARED)
     assert len(pairs) + sum(dropped.values()) == 2312 and len(pairs) > 2200
     first = pairs[0]
     assert first["prompt"][-1]["role"] == "user" and first["chosen"] != first["rejected"]

@@ -46,11 +46,11 @@ def test_packed_documents_do_not_attend_to_each_other(tmp_path):
     torch.testing.assert_close(packed[:, 11:], alone_b, rtol=1e-5, atol=1e-5)
 
 
-def test_heldout_split_depends_on_the_row_alone():
+def test_heldout_split_is_the_asked_fraction_and_follows_the_seed():
     rows = [f"user:what is {i} + 1?\nassistant:{i + 1}" for i in range(2000)]
-    split = [shards.is_heldout(r, 0.1, 0) for r in rows]
-    assert 150 < sum(split) < 250
-    assert [shards.is_heldout(r, 0.1, 0) for r in reversed(rows)] == split[::-1]
+    held = [shards.split_hash(r, 0) < 0.1 * 2**32 for r in rows]
+    assert 150 < sum(held) < 250
+    assert [shards.split_hash(r, 1) < 0.1 * 2**32 for r in rows] != held
 
 
 def shards_for(project: Path, name: str, method: str, sources: list[str], **data) -> tuple[dict, Path]:
@@ -114,3 +114,38 @@ def test_packing_real_chat_data_is_over_98_percent_full(fresh):
     stats, _ = shards_for(fresh, "gsm8k_sft", "sft", ["data/gsm8k.jsonl"], max_length=4096)
     assert stats["kept"]["train"] > 7000
     assert stats["packing_efficiency"] > 0.98, stats
+
+
+def chat_row(rng, n_words=40) -> dict:
+    words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "echo", "fox", "golf", "hotel", "india",
+                                 "juliet", "kilo", "lima", "mike", "nova", "oscar", "papa"]) for _ in range(n_words))
+    return {"messages": [{"role": "user", "content": f"Say something ({rng.random():.6f})"},
+                         {"role": "assistant", "content": words}]}
+
+
+def test_only_the_edited_source_is_prepared_again_and_near_dedupe_spans_files(fresh):
+    import random
+
+    rng = random.Random(3)
+    files = {name: [chat_row(rng) for _ in range(200)] for name in ("a", "b", "c")}
+    near = json.loads(json.dumps(files["a"][5]))
+    near["messages"][1]["content"] = near["messages"][1]["content"].replace("alpha", "zulu", 1)
+    files["b"].append(near)  # a near copy, in another file, of a row of a
+    for name, rows in files.items():
+        (fresh / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sources = [f"data/{n}.jsonl" for n in files]
+    near_on = {"near_threshold": 0.6}  # tiny.yaml turns it off
+    stats, _ = shards_for(fresh, "multi", "sft", sources, max_length=512, dedupe=near_on)
+    assert stats["dropped"] == {"near_duplicate": 1}
+
+    files["c"][0]["messages"][1]["content"] += " edited"
+    (fresh / "data" / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in files["c"]))
+    stats_after, _ = shards_for(fresh, "multi", "sft", sources, max_length=512, dedupe=near_on)
+    assert stats_after["dropped"] == {"near_duplicate": 1}
+    key = json.loads((fresh / "artifacts" / "multi" / "shards.json").read_text())["key"]
+    store = fresh / "artifacts" / "store" / "shards"
+    log = (store / f"{key}.log").read_text()
+    assert log.count("prepared rows reused from the store") == 2
+    assert "data/c.jsonl: read, cleaned and tokenized" in log
+    assert sorted(json.loads((store / f"{key}.json").read_text())["run"]["source"].values()) == \
+        ["built", "reused", "reused"]
