@@ -1,0 +1,158 @@
+"""Data preparation throughput: mindxtrain's shards stage vs TRL's own tokenize + pack.
+
+One run, same rows, same tokenizer (a byte-level BPE trained here on GSM8K text, with
+Qwen3's own chat template), same sequence length, same number of processes:
+
+  trl   SFTTrainer(...) on the rows as a datasets JSON dataset: its own dataset preparation
+        (chat template, tokenization, assistant-only masks, BFD packing) with
+        assistant_only_loss, packing, dataset_num_proc = --procs; the clock starts at loading
+  ours  `doit shards:bench` on a project whose recipe reads the same JSONL: read, exact and
+        near dedupe (MinHash LSH), filters, held-out split, Qwen3-template masks, BFD packing,
+        safetensors shards
+
+Each runs in its own process; rows/s and tokens/s are counted on rows in, peak RSS comes from
+the kernel (wait4). Prints a table and writes it as JSON under bench/results/.
+
+    python bench/data_prep.py --rows 1000000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "datasets"
+
+
+def words_corpus() -> list[str]:
+    """Real words to build rows from: GSM8K text where present, else a fixed list."""
+    path = SHARED / "gsm8k" / "train.jsonl"
+    if path.is_file():
+        text = " ".join(json.loads(line)["question"] for line in path.read_text().splitlines())
+        return sorted(set(text.split()))
+    return [f"w{i}" for i in range(5000)]
+
+
+def make_rows(path: Path, n: int, seed: int = 0) -> None:
+    """n distinct chat rows, 1-3 turns, answer lengths lognormal (median ~120 words)."""
+    rng, words = random.Random(seed), words_corpus()
+    with open(path, "w") as f:
+        for i in range(n):
+            messages = [{"role": "system", "content": "You are a careful assistant."}] if i % 4 == 0 else []
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                q = " ".join(rng.choices(words, k=rng.randint(8, 40))) + "?"
+                a = " ".join(rng.choices(words, k=max(1, min(1500, int(rng.lognormvariate(4.8, 0.8))))))
+                messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            f.write(json.dumps({"messages": messages}) + "\n")
+
+
+def make_base(path: Path, corpus: Path) -> None:
+    """A tiny Qwen3 with a BPE tokenizer trained on the rows' words and Qwen3's chat template."""
+    import trl
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    lines = (line for i, line in enumerate(open(corpus)) if i < 20000)
+    bpe.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=8192, special_tokens=specials,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+TRL_CHILD = r'''
+import sys, time, json
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+rows, base, max_length, procs, work = sys.argv[1:6]
+tok = AutoTokenizer.from_pretrained(base)
+model = AutoModelForCausalLM.from_pretrained(base)
+args = SFTConfig(output_dir=work, max_length=int(max_length), packing=True, packing_strategy="bfd",
+                 assistant_only_loss=True, dataset_num_proc=int(procs), report_to="none",
+                 use_cpu=True, bf16=False)
+start = time.perf_counter()
+ds = load_dataset("json", data_files=rows, split="train", cache_dir=work)
+out = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok).train_dataset
+seconds = time.perf_counter() - start
+tokens = sum(len(ids) for ids in out["input_ids"])
+print(json.dumps({"seconds": seconds, "tokens": tokens, "sequences": len(out)}))
+'''
+
+
+def run_measured(cmd: list[str], cwd: Path) -> tuple[str, float, int]:
+    """(stdout, wall seconds, peak RSS in MiB) of a child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{cmd[:3]} failed:\n{out[-3000:]}")
+    return out, time.perf_counter() - start, usage.ru_maxrss // 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--max-length", type=int, default=2048)
+    ap.add_argument("--procs", type=int, default=os.cpu_count())
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "data_prep.json"))
+    a = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-data-"))
+    rows = work / "rows.jsonl"
+    make_rows(rows, a.rows)
+    make_base(work / "base", rows)
+    print(f"{a.rows} rows ({rows.stat().st_size / 2**20:.0f} MiB) in {work}", flush=True)
+
+    out, seconds, rss = run_measured([sys.executable, "-c", TRL_CHILD, str(rows), str(work / "base"),
+                                      str(a.max_length), str(a.procs), str(work / "trl")], work)
+    trl = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss}
+
+    project = work / "project"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
+    (project / "recipes" / "bench.yaml").write_text(json.dumps({
+        "model": {"path": str(work / "base")},
+        "data": {"sources": [{"path": str(rows)}], "max_length": a.max_length, "heldout_fraction": 0.0},
+    }))
+    out, seconds, rss = run_measured([sys.executable, "-m", "doit", "shards:bench"], project)
+    key = json.loads((project / "artifacts" / "bench" / "shards.json").read_text())["key"]
+    stats = json.loads((project / "artifacts" / "store" / "shards" / key / "stats.json").read_text())
+    ours = {"seconds": seconds, "tokens": stats["tokens"], "sequences": stats["sequences"],
+            "wall_seconds": seconds, "peak_rss_mib": rss, "dropped": stats["dropped"],
+            "packing_efficiency": stats["packing_efficiency"]}
+
+    table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(),
+             "trl": trl, "ours": ours}
+    for name in ("trl", "ours"):
+        r = table[name]
+        r["rows_per_s"] = round(a.rows / r["seconds"], 1)
+        r["tokens_per_s"] = round(r["tokens"] / r["seconds"], 1)
+    table["speedup_rows_per_s"] = round(ours["rows_per_s"] / trl["rows_per_s"], 2)
+    print(f"{'':6} {'rows/s':>10} {'tokens/s':>12} {'seconds':>9} {'peak RSS MiB':>13} {'sequences':>10}")
+    for name in ("trl", "ours"):
+        r = table[name]
+        print(f"{name:6} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
+              f"{r['peak_rss_mib']:>13} {r['sequences']:>10}")
+    print(f"ours / trl: {table['speedup_rows_per_s']}x rows/s")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
