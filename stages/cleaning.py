@@ -8,7 +8,9 @@ the first of a group is kept, on every machine.
 """
 from __future__ import annotations
 
+import functools
 import re
+import zlib
 
 import blake3
 import numpy as np
@@ -38,22 +40,35 @@ def fingerprint(norm: str) -> bytes:
     return blake3.blake3(norm.encode()).digest(length=16)
 
 
-def shingles(norm: str, n: int) -> list[bytes]:
-    words = WORD.findall(norm)
-    if len(words) < n:
-        return [" ".join(words).encode()]
-    return [" ".join(words[i: i + n]).encode() for i in range(len(words) - n + 1)]
+def shingle_hashes(text: str, n: int) -> np.ndarray:
+    """32-bit hashes of the word n-grams of `text`, computed with numpy: each word is hashed
+    once (crc32), n-grams combine their words' hashes."""
+    words = WORD.findall(text) or [""]
+    h = np.fromiter((zlib.crc32(w.encode()) for w in words), dtype=np.uint64, count=len(words))
+    count = max(len(h) - n + 1, 1)
+    grams = h[:count].copy()
+    for k in range(1, min(n, len(h))):
+        grams = (grams * np.uint64(0x9E3779B1) + h[k: k + count]) & np.uint64(0xFFFFFFFF)
+    return grams
 
 
 SCHEME = "affine32"  # datasketch's hashing scheme, named so stored signatures stay comparable
+
+
+@functools.lru_cache(maxsize=4)
+def _permutations(num_perm: int):
+    from datasketch import MinHash
+
+    return MinHash(num_perm=num_perm, seed=1, scheme=SCHEME).permutations
 
 
 def signature(norm: str, n: int, num_perm: int) -> np.ndarray:
     """MinHash signature of the word n-grams: a small array, cheap to store and to cache."""
     from datasketch import MinHash
 
-    m = MinHash(num_perm=num_perm, seed=1, scheme=SCHEME)
-    m.update_batch(shingles(norm, n))
+    m = MinHash(num_perm=num_perm, seed=1, scheme=SCHEME, hashfunc=int,  # values are hashes already
+                permutations=_permutations(num_perm))
+    m.update_batch(shingle_hashes(norm, n).tolist())
     return m.hashvalues
 
 
@@ -85,13 +100,13 @@ class NearDuplicates:
 
 def repetition_ratio(texts: list[str], n: int = 3) -> float:
     """Share of word n-grams that repeat an earlier one: 0 for varied text, near 1 for loops."""
-    grams = [g for t in texts for g in shingles(t.lower(), n)] if any(texts) else []
-    return 1 - len(set(grams)) / len(grams) if len(grams) > 1 else 0.0
+    grams = np.concatenate([shingle_hashes(t.lower(), n) for t in texts if t.strip()] or [np.zeros(0)])
+    return 1 - len(np.unique(grams)) / len(grams) if len(grams) > 1 else 0.0
 
 
-def describe(record: dict, answers: list[str], dedupe) -> dict:
-    """What cleaning needs to know of one row, computed once (and cached with its tokens)."""
-    norm = normalized(record)
+def describe(norm: str, answers: list[str], dedupe) -> dict:
+    """What cleaning needs to know of one row (its normalized text and answers), computed once
+    and cached with its tokens."""
     return {"fingerprint": fingerprint(norm),
             "signature": signature(norm, dedupe.ngram, dedupe.num_perm) if dedupe.near_threshold else None,
             "repetition": repetition_ratio(answers)}

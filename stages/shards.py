@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from stages.errors import UserError
 
 IGNORE = -100
 PACK_WINDOW = 65536  # documents packed together (and held in memory) at once
+CHUNK_ROWS = 4096  # rows a worker prepares at once
 TOKENIZE_BATCH = 1024
 
 
@@ -216,48 +218,90 @@ def part_inputs(ctx, src, kind: str) -> dict:
             "near": [d.dedupe.ngram, d.dedupe.num_perm] if d.dedupe.near_threshold else None}
 
 
-def write_chunk(out: Path, index: int, chunk: list[dict], kind: str, tok, data) -> None:
-    """One chunk of a source's prepared rows: cleaning facts, tokens, and the records themselves."""
-    from safetensors.numpy import save_file
-
-    facts = [cleaning.describe(r, rows.answers(r), data.dedupe) for r in chunk]
-    docs = [d for i in range(0, len(chunk), TOKENIZE_BATCH) for d in tokenize(tok, kind, chunk[i: i + TOKENIZE_BATCH])]
+def prepare_chunk(chunk: list[dict], kind: str, tok, data) -> dict[str, np.ndarray]:
+    """Cleaning facts and tokens of a chunk of rows, as arrays (runs in a worker process)."""
+    norms = [cleaning.normalized(r) for r in chunk]
+    facts = [cleaning.describe(n, rows.answers(r), data.dedupe) for n, r in zip(norms, chunk)]
     arrays = {
         "fingerprint": np.frombuffer(b"".join(f["fingerprint"] for f in facts), dtype=np.uint8).reshape(-1, 16),
-        "split": np.array([split_hash(cleaning.normalized(r), data.seed) for r in chunk], dtype=np.uint32),
+        "split": np.array([split_hash(n, data.seed) for n in norms], dtype=np.uint32),
         "repetition": np.array([f["repetition"] for f in facts], dtype=np.float32),
     }
     if data.dedupe.near_threshold:
         arrays["signature"] = np.stack([f["signature"] for f in facts]).astype(np.uint32)
+    docs = [doc for i in range(0, len(chunk), TOKENIZE_BATCH) for doc in tokenize(tok, kind, chunk[i: i + TOKENIZE_BATCH])]
     for key in ("ids", "rejected_ids") if kind == "preference" else ("ids",):
         mask_key = key.replace("ids", "mask")
-        arrays[key] = np.concatenate([np.asarray(d[key], dtype=np.int32) for d in docs])
-        arrays[f"{key}_offsets"] = np.cumsum([0] + [len(d[key]) for d in docs]).astype(np.int64)
-        arrays[mask_key] = np.concatenate([np.asarray(d[mask_key], dtype=np.uint8) for d in docs])
-    save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"))
-    with open(out / f"chunk-{index:05d}.records.jsonl.gz", "wb") as raw, \
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:  # byte-deterministic
-        for r in chunk:
-            f.write((json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n").encode())
+        arrays[key] = np.concatenate([np.asarray(doc[key], dtype=np.int32) for doc in docs])
+        arrays[f"{key}_offsets"] = np.cumsum([0] + [len(doc[key]) for doc in docs]).astype(np.int64)
+        arrays[mask_key] = np.concatenate([np.asarray(doc[mask_key], dtype=np.uint8) for doc in docs])
+    return arrays
 
 
-def prepare_source(ctx, src, kind: str, tok, out: Path) -> None:
+_worker: dict = {}
+
+
+def _start_worker(base: str) -> None:
+    from transformers import AutoTokenizer
+
+    _worker["tok"] = AutoTokenizer.from_pretrained(base)
+
+
+def _prepare_in_worker(args) -> dict[str, np.ndarray]:
+    return prepare_chunk(*args[:2], _worker["tok"], args[2])
+
+
+def chunks_of(iterable, size: int):
+    chunk = []
+    for item in iterable:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def prepare_source(ctx, src, kind: str, out: Path) -> None:
     """Everything per row of one source that does not depend on other rows: read, convert,
-    describe for cleaning, tokenize. Chunked, so memory stays bounded on large files."""
+    describe for cleaning, tokenize. Chunks go to one worker process per core, at most two
+    chunks each in flight, so memory stays bounded on large files; results are written in order."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from safetensors.numpy import save_file
     from tqdm import tqdm
 
-    dropped, chunk, index, rows_in = Counter(), [], 0, 0
-    for record in tqdm(records(src, ctx.recipe.data, kind, ctx.root, dropped), desc=label_of(src),
-                       unit=" rows", mininterval=2):
-        rows_in += 1
-        if record is None:
-            continue
-        chunk.append(record)
-        if len(chunk) == PACK_WINDOW:
-            write_chunk(out, index, chunk, kind, tok, ctx.recipe.data)
-            chunk, index = [], index + 1
-    if chunk:
-        write_chunk(out, index, chunk, kind, tok, ctx.recipe.data)
+    dropped, rows_in = Counter(), 0
+
+    def kept_records():
+        nonlocal rows_in
+        for record in records(src, ctx.recipe.data, kind, ctx.root, dropped):
+            rows_in += 1
+            if record is not None:
+                yield record
+
+    def write(index: int, chunk: list[dict], arrays: dict) -> None:
+        save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"))
+        with open(out / f"chunk-{index:05d}.records.jsonl.gz", "wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:  # byte-deterministic
+            f.write("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in chunk).encode())
+
+    workers = os.cpu_count() or 1
+    progress = tqdm(desc=label_of(src), unit=" rows", mininterval=2)
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork"), initializer=_start_worker,
+                             initargs=(str(ctx.upstream["base"]),)) as pool:
+        pending = []
+        for index, chunk in enumerate(chunks_of(kept_records(), CHUNK_ROWS)):
+            pending.append((index, chunk, pool.submit(_prepare_in_worker, (chunk, kind, ctx.recipe.data))))
+            while len(pending) > 2 * workers or (pending and pending[0][2].done()):
+                i, c, future = pending.pop(0)
+                write(i, c, future.result())
+                progress.update(len(c))
+        for i, c, future in pending:
+            write(i, c, future.result())
+            progress.update(len(c))
+    progress.close()
     (out / "stats.json").write_text(json.dumps({"rows_in": rows_in, "dropped": dict(sorted(dropped.items()))},
                                                indent=1, sort_keys=True) + "\n")
 
@@ -296,7 +340,7 @@ def build(ctx, out: Path) -> None:
     with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
         for src in data.sources:
             part, reused = ctx.cached("source", part_inputs(ctx, src, kind),
-                                      lambda tmp, src=src: prepare_source(ctx, src, kind, tok, tmp))
+                                      lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
             ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
                          else "read, cleaned and tokenized")
             part_stats = json.loads((part / "stats.json").read_text())

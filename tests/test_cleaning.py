@@ -29,7 +29,7 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None))
-    return [cleaner.drop_reason(**cleaning.describe(r, rows.answers(r), settings)) for r in records]
+    return [cleaner.drop_reason(**cleaning.describe(cleaning.normalized(r), rows.answers(r), settings)) for r in records]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
@@ -67,5 +67,5 @@ def test_repetition_filter():
                            {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
     settings = DedupeSection(near_threshold=None)
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
-    assert cleaner.drop_reason(**cleaning.describe(loop, rows.answers(loop), settings)) == "repetitive"
-    assert cleaner.drop_reason(**cleaning.describe(varied, rows.answers(varied), settings)) is None
+    assert cleaner.drop_reason(**cleaning.describe(cleaning.normalized(loop), rows.answers(loop), settings)) == "repetitive"
+    assert cleaner.drop_reason(**cleaning.describe(cleaning.normalized(varied), rows.answers(varied), settings)) is None
