@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from stages.errors import UserError
 
 SENTINEL = "\ue000"  # a private-use character: never in real text
@@ -96,21 +98,15 @@ def special_ids(tok) -> frozenset[int]:
         i for i, t in tok.added_tokens_decoder.items() if t.special)
 
 
-def loss_mask(ids: list[int], offsets, spans: list[tuple[int, int]], special: frozenset[int]) -> list[int]:
-    """1 on tokens that start inside an assistant span, and on the special token that closes
-    each span (its end-of-turn token); 0 elsewhere."""
-    mask, s = [0] * len(ids), 0
-    for t, (a, b) in enumerate(offsets):
-        while s < len(spans) and a >= spans[s][1] and not (a == spans[s][1] and ids[t] in special):
-            s += 1
-        if s == len(spans):
-            break
-        start, end = spans[s]
-        if start <= a < end and b > a:
-            mask[t] = 1
-        elif a == end and ids[t] in special:
-            mask[t] = 1
-            s += 1
+def loss_mask(ids: list[int], offsets, spans: list[tuple[int, int]], special: frozenset[int]) -> np.ndarray:
+    """1 on tokens that start inside an assistant span, and on the special token that starts
+    exactly where a span ends (the turn's end-of-turn token); 0 elsewhere."""
+    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    start, nonempty = off[:, 0], off[:, 1] > off[:, 0]
+    is_special = np.isin(np.asarray(ids), np.fromiter(special, dtype=np.int64))
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    for a, b in spans:
+        mask |= ((start >= a) & (start < b) & nonempty) | ((start == b) & is_special)
     return mask
 
 

@@ -49,7 +49,7 @@ def check(tok, conversation, pieces):
     want_ids, want_mask = expected(pieces, tok)
     assert tok.decode(ids) == "".join(t for t, _ in pieces)
     assert ids == want_ids
-    assert mask == want_mask, [(tok.decode([i]), m) for i, m in zip(ids, mask)]
+    assert mask.tolist() == want_mask, [(tok.decode([i]), m) for i, m in zip(ids, mask)]
 
 
 def test_chatml_masks_assistant_content_and_end_of_turn():
