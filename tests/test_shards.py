@@ -149,3 +149,24 @@ def test_only_the_edited_source_is_prepared_again_and_near_dedupe_spans_files(fr
     assert "data/c.jsonl: read, cleaned and tokenized" in log
     assert sorted(json.loads((store / f"{key}.json").read_text())["run"]["source"].values()) == \
         ["built", "reused", "reused"]
+
+
+@pytest.mark.parametrize("truncation, expect", [
+    ("drop", {"dropped": {"too_short": 1, "too_long": 2, "no_loss_tokens": 1}, "documents": 1, "truncated": 0}),
+    ("truncate", {"dropped": {"too_short": 1, "too_long": 1, "no_loss_tokens": 1}, "documents": 2, "truncated": 1}),
+])
+def test_length_rules_are_counted(tmp_path, truncation, expect):
+    from collections import Counter
+
+    from stages.recipe import DataSection
+
+    data = DataSection(sources=[{"path": "x.jsonl"}], max_length=16, truncation=truncation,
+                       filters={"min_tokens": 3, "max_tokens": 24})
+    dropped = Counter()
+    writer = shards.Writer(tmp_path, "chat", data, 0, dropped)
+    for n, learn in [(2, 1), (5, 1), (20, 1), (30, 1), (4, 0)]:
+        writer.add({"ids": list(range(1, n + 1)), "mask": [learn] * n})
+    writer.flush()
+    assert dict(dropped) == expect["dropped"]
+    assert writer.counts["documents"] == expect["documents"]
+    assert writer.counts["truncated_kept"] == expect["truncated"]
