@@ -74,6 +74,15 @@ def last_complete_checkpoint(work: Path) -> Path | None:
     return next((p for p in reversed(saved) if (p / COMPLETE).exists()), None)
 
 
+def sdpa_backend(name: str | None):
+    """The plan's SDPA backend for every attention call in training (none chosen: torch decides)."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, name.upper())) if name else nullcontext()
+
+
 def collate(rows):
     """Packed rows are already full length: stack them. No attention mask, so the model
     builds a causal mask per document from the restarting position ids."""
@@ -127,7 +136,8 @@ def build(ctx, out: Path) -> None:
     if resume:
         ctx.log.info("resuming from %s", resume.name)
         ctx.run["resumed_from_step"] = int(resume.name.split("-")[-1])
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    with sdpa_backend(plan["sdpa_backend"]):
+        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     ctx.run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
 
     with open(out / "metrics.jsonl", "w") as f:
