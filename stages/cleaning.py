@@ -73,28 +73,50 @@ def signature(norm: str, n: int, num_perm: int) -> np.ndarray:
 
 
 class NearDuplicates:
-    """An LSH index that answers 'is this row a near copy of one kept before?'.
+    """LSH banding over every row's MinHash signature, decided row by row in order: a row is a
+    near copy if a row kept before it shares a band and reaches the threshold on the estimated
+    Jaccard similarity.
 
-    The index is tuned for recall (a missed pair is worse than a wasted comparison);
-    every candidate it returns is confirmed on the estimated Jaccard similarity."""
+    Bands and rows per band come from datasketch's MinHashLSH, tuned for recall (a missed
+    pair is worse than a wasted comparison). The buckets are found up front with numpy over
+    all signatures, so only rows that share a bucket with another row are ever held in
+    memory: a few bytes per row instead of an index entry per band."""
 
-    def __init__(self, threshold: float, num_perm: int):
+    def __init__(self, threshold: float, num_perm: int, signature_chunks):
         from datasketch import MinHashLSH
 
-        self.threshold = threshold
-        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8))
-        self.kept: list[np.ndarray] = []
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8))
+        self.threshold, self.bands, self.rows = threshold, lsh.b, lsh.r
+        keys = [self.band_keys(chunk) for chunk in signature_chunks]
+        keys = np.concatenate(keys) if keys else np.zeros((0, self.bands), dtype=np.uint64)
+        self.bucket = np.empty(keys.shape, dtype=np.int64)
+        self.shared = np.empty(keys.shape, dtype=bool)
+        for band in range(self.bands):
+            _, inverse, counts = np.unique(keys[:, band], return_inverse=True, return_counts=True)
+            self.bucket[:, band], self.shared[:, band] = inverse, counts[inverse] > 1
+        self.members: dict[tuple[int, int], list[int]] = {}
+        self.kept: dict[int, np.ndarray] = {}
 
-    def seen(self, hashvalues: np.ndarray) -> bool:
-        """True if a kept row is at least `threshold` similar; otherwise keep this one."""
-        from datasketch import LeanMinHash
+    def band_keys(self, signatures: np.ndarray) -> np.ndarray:
+        bands = signatures[:, : self.bands * self.rows].astype(np.uint64).reshape(len(signatures), self.bands, self.rows)
+        keys = np.zeros(bands.shape[:2], dtype=np.uint64)
+        for k in range(self.rows):  # FNV-style mixing; wraps around in uint64
+            keys = (keys * np.uint64(0x100000001B3)) ^ bands[:, :, k]
+        return keys
 
-        m = LeanMinHash(seed=1, hashvalues=hashvalues, scheme=SCHEME)
-        for other in self.lsh.query(m):
-            if float(np.mean(self.kept[other] == hashvalues)) >= self.threshold:
-                return True
-        self.lsh.insert(len(self.kept), m)
-        self.kept.append(hashvalues)
+    def seen(self, i: int, signature: np.ndarray) -> bool:
+        """For row i (rows asked in increasing order): True if it is a near copy of a row kept
+        before it; otherwise it is kept."""
+        bands = np.flatnonzero(self.shared[i])
+        if not len(bands):
+            return False  # no other row falls in any of its buckets
+        buckets = [(int(band), int(self.bucket[i, band])) for band in bands]
+        candidates = {j for b in buckets for j in self.members.get(b, ())}
+        if any(float(np.mean(self.kept[j] == signature)) >= self.threshold for j in candidates):
+            return True
+        for b in buckets:
+            self.members.setdefault(b, []).append(i)
+        self.kept[i] = signature
         return False
 
 
@@ -113,18 +135,22 @@ def describe(norm: str, answers: list[str], dedupe) -> dict:
 
 
 class Cleaner:
-    """Decides, row by row in a fixed order, whether a row is dropped and why."""
+    """Decides, row by row in a fixed order, whether a row is dropped and why. With near dedupe
+    on, `signature_chunks` are every row's signatures, in the order rows will be presented."""
 
-    def __init__(self, dedupe, filters):
+    def __init__(self, dedupe, filters, signature_chunks=()):
         self.filters = filters
         self.exact: set[bytes] = set()
-        self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm) if dedupe.near_threshold else None
+        self.row = -1
+        self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, signature_chunks) \
+            if dedupe.near_threshold else None
 
     def drop_reason(self, fingerprint: bytes, signature, repetition: float) -> str | None:
+        self.row += 1
         if fingerprint in self.exact:
             return "exact_duplicate"
         self.exact.add(fingerprint)
-        if self.near is not None and self.near.seen(signature):
+        if self.near is not None and self.near.seen(self.row, signature):
             return "near_duplicate"
         limit = self.filters.max_repetition
         if limit is not None and repetition > limit:

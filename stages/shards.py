@@ -328,24 +328,29 @@ def prepared_rows(part: Path, kind: str):
 
 
 def build(ctx, out: Path) -> None:
+    from safetensors import safe_open
     from transformers import AutoTokenizer
 
     data, kind = ctx.recipe.data, rows.KIND_OF_METHOD[ctx.recipe.train.method]
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    dropped, rows_in = Counter(), {}
-    cleaner = cleaning.Cleaner(data.dedupe, data.filters)
+    dropped, rows_in, parts = Counter(), {}, []
+    for src in data.sources:
+        part, reused = ctx.cached("source", part_inputs(ctx, src, kind),
+                                  lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
+        ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
+                     else "read, cleaned and tokenized")
+        part_stats = json.loads((part / "stats.json").read_text())
+        rows_in[label_of(src)] = part_stats["rows_in"]
+        dropped.update(part_stats["dropped"])
+        parts.append(part)
+    signatures = (safe_open(str(chunk), "np").get_tensor("signature")
+                  for part in parts for chunk in sorted(part.glob("chunk-*.safetensors")))
+    cleaner = cleaning.Cleaner(data.dedupe, data.filters, signatures if data.dedupe.near_threshold else ())
     writer = Writer(out, kind, data, tok.pad_token_id, dropped)
     (out / "heldout").mkdir()
     kept_heldout, cutoff = 0, data.heldout_fraction * 2**32
     with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
-        for src in data.sources:
-            part, reused = ctx.cached("source", part_inputs(ctx, src, kind),
-                                      lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
-            ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
-                         else "read, cleaned and tokenized")
-            part_stats = json.loads((part / "stats.json").read_text())
-            rows_in[label_of(src)] = part_stats["rows_in"]
-            dropped.update(part_stats["dropped"])
+        for part in parts:
             for facts, split, doc, record in prepared_rows(part, kind):
                 reason = cleaner.drop_reason(**facts)
                 if reason:

@@ -5,6 +5,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stages import cleaning, rows
@@ -28,8 +29,10 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
-    cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None))
-    return [cleaner.drop_reason(**cleaning.describe(cleaning.normalized(r), rows.answers(r), settings)) for r in records]
+    facts = [cleaning.describe(cleaning.normalized(r), rows.answers(r), settings) for r in records]
+    signatures = [np.stack([f["signature"] for f in facts])] if settings.near_threshold else []
+    cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None), signatures)
+    return [cleaner.drop_reason(**f) for f in facts]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
