@@ -7,13 +7,21 @@ up to and including the end-of-turn token.
 
 Most templates carry no {% generation %} markers, and some rewrite earlier turns
 as the conversation grows (Qwen3 drops the reasoning of turns before the last
-user message), so masks come from the full rendering itself: render once more
-with one assistant turn replaced by a sentinel; the two texts differ exactly
-where that turn's own text lies.
+user message), so masks come from the full rendering itself. A turn's span runs from the end of
+the role header that opens it to the end of its content.
+
+Fast path: the template is rendered once per conversation shape (roles, and which
+turns carry reasoning) with a placeholder character for each field, giving a
+skeleton whose placeholders mark where each field lands. A row whose own rendering
+equals its filled skeleton takes its spans from the skeleton. Any other row (the
+template changed the content: stripped it, split a <think> block out of it...)
+falls back to rendering once more per assistant turn with that turn replaced by a
+sentinel: the two texts differ exactly where that turn's own text lies.
 """
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 
@@ -92,29 +100,99 @@ def assistant_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int
     return spans
 
 
+FIRST_PLACEHOLDER = 0xE100  # private-use characters, two per message (content, reasoning)
+MAX_MESSAGES = (0xF8FF - FIRST_PLACEHOLDER) // 2
+PLACEHOLDER = re.compile(f"([{chr(FIRST_PLACEHOLDER)}-{chr(0xF8FF)}])")
+
+
+def shape_of(messages: list[dict]) -> tuple:
+    return tuple((m["role"], "reasoning" in m) for m in messages)
+
+
+@functools.lru_cache(maxsize=256)
+def _skeleton(tok, chat_template: str, shape: tuple) -> list[str | tuple[int, str]]:
+    """The rendering of a conversation of this shape as literal text and (message, field) slots."""
+    messages = []
+    for i, (role, has_reasoning) in enumerate(shape):
+        m = {"role": role, "content": chr(FIRST_PLACEHOLDER + 2 * i)}
+        if has_reasoning:
+            m["reasoning"] = chr(FIRST_PLACEHOLDER + 2 * i + 1)
+        messages.append(m)
+    pieces = []
+    for k, piece in enumerate(PLACEHOLDER.split(render(tok, messages))):
+        if k % 2 == 0:
+            pieces.append(piece)
+        else:
+            slot = ord(piece) - FIRST_PLACEHOLDER
+            pieces.append((slot // 2, "reasoning" if slot % 2 else "content"))
+    return pieces
+
+
+def skeleton_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
+    """Assistant spans from the shape's skeleton, or None when the skeleton filled with this
+    row's fields is not exactly `full` (or a field does not appear exactly once)."""
+    if len(messages) > MAX_MESSAGES or PLACEHOLDER.search(full):
+        return None
+    filled, first, end, seen = [], {}, {}, set()
+    at = 0
+    for piece in _skeleton(tok, tok.chat_template, shape_of(messages)):
+        if isinstance(piece, tuple):
+            if piece in seen:
+                return None
+            seen.add(piece)
+            i, field = piece
+            first.setdefault(i, at)
+            piece = messages[i][field]
+            if field == "content":
+                end[i] = at + len(piece)
+        filled.append(piece)
+        at += len(piece)
+    if "".join(filled) != full:
+        return None
+    header, spans, floor = _header(tok), [], 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        if i not in end:
+            return None
+        opened = full.rfind(header, floor, first[i] + len(header))
+        if opened < 0:
+            return None
+        spans.append((min(opened + len(header), first[i]), end[i]))
+        floor = end[i]
+    return spans
+
+
 @functools.lru_cache(maxsize=8)
-def special_ids(tok) -> frozenset[int]:
-    return frozenset(tok.all_special_ids) | frozenset(
-        i for i, t in tok.added_tokens_decoder.items() if t.special)
+def special_ids(tok) -> np.ndarray:
+    return np.array(sorted(set(tok.all_special_ids) | {
+        i for i, t in tok.added_tokens_decoder.items() if t.special}), dtype=np.int64)
 
 
-def loss_mask(ids: list[int], offsets, spans: list[tuple[int, int]], special: frozenset[int]) -> np.ndarray:
+def loss_mask(ids: np.ndarray, offsets: list[tuple[int, int]], spans: list[tuple[int, int]],
+              special: np.ndarray) -> np.ndarray:
     """1 on tokens that start inside an assistant span, and on the special token that starts
     exactly where a span ends (the turn's end-of-turn token); 0 elsewhere."""
-    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    start, nonempty = off[:, 0], off[:, 1] > off[:, 0]
-    is_special = np.isin(np.asarray(ids), np.fromiter(special, dtype=np.int64))
+    start = np.fromiter((a for a, _ in offsets), dtype=np.int64, count=len(offsets))
+    nonempty = np.fromiter((b for _, b in offsets), dtype=np.int64, count=len(offsets)) > start
+    is_special = np.isin(ids, special)
     mask = np.zeros(len(ids), dtype=np.uint8)
     for a, b in spans:
         mask |= ((start >= a) & (start < b) & nonempty) | ((start == b) & is_special)
     return mask
 
 
-def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, loss mask) per conversation; tokenized in one batch call."""
+def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(input_ids, loss mask) per conversation; tokenized in one batch call of the Rust
+    tokenizer itself (the same ids as tok(...), without building Python dicts of lists)."""
     texts = [render(tok, m) for m in conversations]
-    spans = [assistant_spans(tok, m, t) for m, t in zip(conversations, texts)]
-    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    spans = []
+    for m, t in zip(conversations, texts):
+        fast = skeleton_spans(tok, m, t)
+        spans.append(fast if fast is not None else assistant_spans(tok, m, t))
     special = special_ids(tok)
-    return [(ids, loss_mask(ids, off, sp, special))
-            for ids, off, sp in zip(enc["input_ids"], enc["offset_mapping"], spans)]
+    out = []
+    for enc, sp in zip(tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False), spans):
+        ids = np.array(enc.ids, dtype=np.int32)
+        out.append((ids, loss_mask(ids, enc.offsets, sp, special)))
+    return out

@@ -48,7 +48,7 @@ def check(tok, conversation, pieces):
     [(ids, mask)] = template.encode_chats(tok, [conversation])
     want_ids, want_mask = expected(pieces, tok)
     assert tok.decode(ids) == "".join(t for t, _ in pieces)
-    assert ids == want_ids
+    assert ids.tolist() == want_ids
     assert mask.tolist() == want_mask, [(tok.decode([i]), m) for i, m in zip(ids, mask)]
 
 
@@ -103,3 +103,35 @@ def test_a_template_that_hides_assistant_turns_is_refused():
                          "{% endif %}{% endfor %}{% if add_generation_prompt %}>{% endif %}")
     with pytest.raises(UserError, match="loss masks cannot be derived"):
         template.encode_chats(tok, [CONVERSATION])
+
+
+REWRITTEN = [  # contents Qwen3's template rewrites: the skeleton cannot be used for them
+    {"role": "user", "content": "Why?"},
+    {"role": "assistant", "content": "<think>\nhm\n</think>\n\nso"},
+]
+
+
+@pytest.mark.parametrize("template_file,specials", [
+    (None, ()), ("qwen3.jinja", ()),
+    ("gptoss.jinja", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"])])
+def test_skeleton_spans_agree_with_sentinel_rendering(template_file, specials):
+    """The one-render fast path gives the same spans as re-rendering per turn, and declines
+    (None) where the template rewrote a field, so the slow path decides those rows."""
+    tok = tokenizer(template_file, specials)
+    conversations = [CONVERSATION, CONVERSATION[1:], CONVERSATION[:3], CONVERSATION[:2]]
+    for conversation in conversations:
+        full = template.render(tok, conversation)
+        assert template.skeleton_spans(tok, conversation, full) == template.assistant_spans(tok, conversation, full)
+    full = template.render(tok, REWRITTEN)
+    assert (template.skeleton_spans(tok, REWRITTEN, full) is None) == (template_file == "qwen3.jinja")
+
+
+def test_rewritten_content_still_gets_exact_masks():
+    """Qwen3 reads a reasoning block written inside the content (the fast path declines it);
+    the mask follows what the template rendered."""
+    tok = tokenizer("qwen3.jinja")
+    check(tok, REWRITTEN, [
+        ("<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("<think>\nhm\n</think>\n\nso<|im_end|>", 1),
+        ("\n", 0),
+    ])
