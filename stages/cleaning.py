@@ -2,21 +2,20 @@
 
 Exact duplicates are found on a fingerprint of the normalized text (case and
 whitespace folded). Near duplicates use MinHash over word n-grams with an LSH
-index (datasketch); a candidate the index returns counts only if its estimated
-Jaccard similarity reaches the threshold. Rows are visited in a fixed order, so
+index (datasketch); a candidate the index returns counts only if the exact Jaccard
+similarity of the two rows' n-gram sets reaches the threshold, so the estimate's
+noise never drops a distinct row. Rows are visited in a fixed order, so
 the first of a group is kept, on every machine.
 """
 from __future__ import annotations
 
 import functools
 import re
-import zlib
 
 import blake3
 import numpy as np
 
 SPACE = re.compile(r"\s+")
-WORD = re.compile(r"\w+")
 
 
 def normalized(record: dict) -> str:
@@ -40,11 +39,40 @@ def fingerprint(norm: str) -> bytes:
     return blake3.blake3(norm.encode()).digest(length=16)
 
 
+WORD_BYTE = np.zeros(256, dtype=bool)  # ASCII letters, digits, underscore, and every non-ASCII byte
+WORD_BYTE[[*range(48, 58), *range(65, 91), 95, *range(97, 123), *range(128, 256)]] = True
+PRIME = 0x100000001B3  # odd, so it has an inverse modulo 2**64
+MIX = np.uint64(0x9E3779B97F4A7C15)
+_powers = {"up": np.ones(1, dtype=np.uint64), "down": np.ones(1, dtype=np.uint64)}
+
+
+def _powers_to(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """PRIME**j and PRIME**-j modulo 2**64 for j < n (uint64 arithmetic wraps), grown as needed."""
+    if len(_powers["up"]) < n:
+        size = max(n, 2 * len(_powers["up"]))
+        for name, base in (("up", PRIME), ("down", pow(PRIME, -1, 2**64))):
+            _powers[name] = np.concatenate((np.ones(1, dtype=np.uint64), np.cumprod(np.full(size - 1, base, dtype=np.uint64))))
+    return _powers["up"][:n], _powers["down"][:n]
+
+
+def word_hashes(text: str) -> np.ndarray:
+    """A 32-bit hash of each word of `text` (a run of ASCII letters, digits, underscores or
+    non-ASCII characters), all at once with numpy: word = difference of prefix polynomial
+    hashes over the UTF-8 bytes, shifted back to start at PRIME**0, then mixed."""
+    b = np.frombuffer(text.encode(), dtype=np.uint8)
+    edges = np.diff(np.concatenate(([0], WORD_BYTE[b], [0])).astype(np.int8))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if not len(starts):
+        return np.zeros(1, dtype=np.uint64)  # no words: one empty word
+    up, down = _powers_to(len(b) + 1)
+    prefix = np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(b.astype(np.uint64) * up[: len(b)], dtype=np.uint64)))
+    words = (prefix[ends] - prefix[starts]) * down[starts]
+    return (words * MIX) >> np.uint64(32)
+
+
 def shingle_hashes(text: str, n: int) -> np.ndarray:
-    """32-bit hashes of the word n-grams of `text`, computed with numpy: each word is hashed
-    once (crc32), n-grams combine their words' hashes."""
-    words = WORD.findall(text) or [""]
-    h = np.fromiter((zlib.crc32(w.encode()) for w in words), dtype=np.uint64, count=len(words))
+    """32-bit hashes of the word n-grams of `text`: n-grams combine their words' hashes."""
+    h = word_hashes(text)
     count = max(len(h) - n + 1, 1)
     grams = h[:count].copy()
     for k in range(1, min(n, len(h))):
@@ -74,19 +102,19 @@ def signature(norm: str, n: int, num_perm: int) -> np.ndarray:
 
 class NearDuplicates:
     """LSH banding over every row's MinHash signature, decided row by row in order: a row is a
-    near copy if a row kept before it shares a band and reaches the threshold on the estimated
-    Jaccard similarity.
+    near copy if a row kept before it shares a band and their word n-gram sets reach the
+    threshold in exact Jaccard similarity.
 
     Bands and rows per band come from datasketch's MinHashLSH, tuned for recall (a missed
     pair is worse than a wasted comparison). The buckets are found up front with numpy over
     all signatures, so only rows that share a bucket with another row are ever held in
-    memory: a few bytes per row instead of an index entry per band."""
+    memory (their n-gram sets), instead of an index entry per band for every row."""
 
-    def __init__(self, threshold: float, num_perm: int, signature_chunks):
+    def __init__(self, threshold: float, num_perm: int, ngram: int, signature_chunks):
         from datasketch import MinHashLSH
 
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8))
-        self.threshold, self.bands, self.rows = threshold, lsh.b, lsh.r
+        self.threshold, self.ngram, self.bands, self.rows = threshold, ngram, lsh.b, lsh.r
         keys = [self.band_keys(chunk) for chunk in signature_chunks]
         keys = np.concatenate(keys) if keys else np.zeros((0, self.bands), dtype=np.uint64)
         self.bucket = np.empty(keys.shape, dtype=np.int64)
@@ -95,7 +123,7 @@ class NearDuplicates:
             _, inverse, counts = np.unique(keys[:, band], return_inverse=True, return_counts=True)
             self.bucket[:, band], self.shared[:, band] = inverse, counts[inverse] > 1
         self.members: dict[tuple[int, int], list[int]] = {}
-        self.kept: dict[int, np.ndarray] = {}
+        self.kept: dict[int, np.ndarray] = {}  # n-gram sets of kept rows that share a bucket
 
     def band_keys(self, signatures: np.ndarray) -> np.ndarray:
         bands = signatures[:, : self.bands * self.rows].astype(np.uint64).reshape(len(signatures), self.bands, self.rows)
@@ -104,20 +132,27 @@ class NearDuplicates:
             keys = (keys * np.uint64(0x100000001B3)) ^ bands[:, :, k]
         return keys
 
-    def seen(self, i: int, signature: np.ndarray) -> bool:
+    def seen(self, i: int, record: dict) -> bool:
         """For row i (rows asked in increasing order): True if it is a near copy of a row kept
-        before it; otherwise it is kept."""
+        before it; otherwise it is kept. Only rows that share a bucket have their n-grams held."""
         bands = np.flatnonzero(self.shared[i])
         if not len(bands):
             return False  # no other row falls in any of its buckets
+        grams = np.unique(shingle_hashes(normalized(record), self.ngram))
         buckets = [(int(band), int(self.bucket[i, band])) for band in bands]
-        candidates = {j for b in buckets for j in self.members.get(b, ())}
-        if any(float(np.mean(self.kept[j] == signature)) >= self.threshold for j in candidates):
+        candidates = sorted({j for b in buckets for j in self.members.get(b, ())})
+        if any(jaccard(self.kept[j], grams) >= self.threshold for j in candidates):
             return True
         for b in buckets:
             self.members.setdefault(b, []).append(i)
-        self.kept[i] = signature
+        self.kept[i] = grams
         return False
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two sets given as sorted unique arrays."""
+    common = len(np.intersect1d(a, b, assume_unique=True))
+    return common / (len(a) + len(b) - common)
 
 
 def repetition_ratio(texts: list[str], n: int = 3) -> float:
@@ -142,15 +177,15 @@ class Cleaner:
         self.filters = filters
         self.exact: set[bytes] = set()
         self.row = -1
-        self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, signature_chunks) \
+        self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks) \
             if dedupe.near_threshold else None
 
-    def drop_reason(self, fingerprint: bytes, signature, repetition: float) -> str | None:
+    def drop_reason(self, fingerprint: bytes, repetition: float, record: dict) -> str | None:
         self.row += 1
         if fingerprint in self.exact:
             return "exact_duplicate"
         self.exact.add(fingerprint)
-        if self.near is not None and self.near.seen(self.row, signature):
+        if self.near is not None and self.near.seen(self.row, record):
             return "near_duplicate"
         limit = self.filters.max_repetition
         if limit is not None and repetition > limit:

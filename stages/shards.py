@@ -322,8 +322,7 @@ def prepared_rows(part: Path, kind: str):
                 doc[key], doc[key.replace("ids", "mask")] = a[key][lo:hi], a[key.replace("ids", "mask")][lo:hi]
             if kind == "prompt":
                 doc["reference"] = record["reference"]
-            facts = {"fingerprint": a["fingerprint"][i].tobytes(), "repetition": float(a["repetition"][i]),
-                     "signature": a["signature"][i] if "signature" in a else None}
+            facts = {"fingerprint": a["fingerprint"][i].tobytes(), "repetition": float(a["repetition"][i])}
             yield facts, int(a["split"][i]), doc, record
 
 
@@ -352,7 +351,7 @@ def build(ctx, out: Path) -> None:
     with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
         for part in parts:
             for facts, split, doc, record in prepared_rows(part, kind):
-                reason = cleaner.drop_reason(**facts)
+                reason = cleaner.drop_reason(**facts, record=record)
                 if reason:
                     dropped[reason] += 1
                 elif split < cutoff:
