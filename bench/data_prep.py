@@ -9,6 +9,8 @@ Qwen3's own chat template), same sequence length, same number of processes:
   ours  `doit shards:bench` on a project whose recipe reads the same JSONL: read, exact and
         near dedupe (MinHash LSH), filters, held-out split, Qwen3-template masks, BFD packing,
         safetensors shards
+  ours_exact_dedupe_only  the same with near dedupe off (closer to what TRL does: it
+        does no dedupe at all)
 
 Each runs in its own process; rows/s and tokens/s are counted on rows in, peak RSS comes from
 the kernel (wait4). Prints a table and writes it as JSON under bench/results/.
@@ -124,32 +126,32 @@ def main() -> None:
                                       str(a.max_length), str(a.procs), str(work / "trl")], work)
     trl = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss}
 
-    project = work / "project"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
-    (project / "recipes" / "bench.yaml").write_text(json.dumps({
-        "model": {"path": str(work / "base")},
-        "data": {"sources": [{"path": str(rows)}], "max_length": a.max_length, "heldout_fraction": 0.0},
-    }))
-    out, seconds, rss = run_measured([sys.executable, "-m", "doit", "shards:bench"], project)
-    key = json.loads((project / "artifacts" / "bench" / "shards.json").read_text())["key"]
-    stats = json.loads((project / "artifacts" / "store" / "shards" / key / "stats.json").read_text())
-    ours = {"seconds": seconds, "tokens": stats["tokens"], "sequences": stats["sequences"],
-            "wall_seconds": seconds, "peak_rss_mib": rss, "dropped": stats["dropped"],
-            "packing_efficiency": stats["packing_efficiency"]}
+    results = {"trl": trl}
+    for name, dedupe in (("ours", {}), ("ours_exact_dedupe_only", {"near_threshold": None})):
+        project = work / name
+        subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
+        (project / "recipes" / "bench.yaml").write_text(json.dumps({
+            "model": {"path": str(work / "base")},
+            "data": {"sources": [{"path": str(rows)}], "max_length": a.max_length, "heldout_fraction": 0.0,
+                     "dedupe": dedupe},
+        }))
+        out, seconds, rss = run_measured([sys.executable, "-m", "doit", "shards:bench"], project)
+        key = json.loads((project / "artifacts" / "bench" / "shards.json").read_text())["key"]
+        stats = json.loads((project / "artifacts" / "store" / "shards" / key / "stats.json").read_text())
+        results[name] = {"seconds": seconds, "tokens": stats["tokens"], "sequences": stats["sequences"],
+                         "wall_seconds": seconds, "peak_rss_mib": rss, "dropped": stats["dropped"],
+                         "packing_efficiency": stats["packing_efficiency"]}
+        print(name, "done", flush=True)
 
-    table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(),
-             "trl": trl, "ours": ours}
-    for name in ("trl", "ours"):
-        r = table[name]
+    table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(), **results}
+    for r in results.values():
         r["rows_per_s"] = round(a.rows / r["seconds"], 1)
         r["tokens_per_s"] = round(r["tokens"] / r["seconds"], 1)
-    table["speedup_rows_per_s"] = round(ours["rows_per_s"] / trl["rows_per_s"], 2)
-    print(f"{'':6} {'rows/s':>10} {'tokens/s':>12} {'seconds':>9} {'peak RSS MiB':>13} {'sequences':>10}")
-    for name in ("trl", "ours"):
-        r = table[name]
-        print(f"{name:6} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
-              f"{r['peak_rss_mib']:>13} {r['sequences']:>10}")
-    print(f"ours / trl: {table['speedup_rows_per_s']}x rows/s")
+    print(f"{'':24} {'rows/s':>10} {'tokens/s':>12} {'seconds':>9} {'peak RSS MiB':>13} {'sequences':>10} {'vs trl':>7}")
+    for name, r in results.items():
+        r["vs_trl_rows_per_s"] = round(r["rows_per_s"] / trl["rows_per_s"], 2)
+        print(f"{name:24} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
+              f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {r['vs_trl_rows_per_s']:>6}x")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
 
