@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stages import autotune
 from stages.errors import UserError
 
 
@@ -21,10 +22,11 @@ def trainable_model(ctx, plan: dict):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        ctx.upstream["base"], dtype=getattr(torch, plan["dtype"]),
-        attn_implementation=plan["attn_implementation"])
+    if plan["rocm_fa_library"]:
+        torch.backends.cuda.preferred_rocm_fa_library(plan["rocm_fa_library"])
+    model = AutoModelForCausalLM.from_pretrained(ctx.upstream["base"], dtype=getattr(torch, plan["dtype"]))
     model.config.use_cache = False
+    autotune.apply_settings(model, plan)
     return model
 
 
@@ -103,8 +105,7 @@ def build(ctx, out: Path) -> None:
     t = ctx.recipe.train
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
     os.environ.update(plan["env"])
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
+    autotune.training_mode()
     set_seed(t.seed)
 
     if t.method != "sft":
@@ -119,11 +120,11 @@ def build(ctx, out: Path) -> None:
     ctx.work.mkdir(parents=True, exist_ok=True)
     args = SFTConfig(
         output_dir=str(ctx.work), max_steps=t.max_steps, learning_rate=t.lr,
-        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=t.grad_accum,
+        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
         warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
         logging_steps=1, save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
         seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
-        bf16=plan["dtype"] == "bfloat16", activation_checkpointing=plan["gradient_checkpointing"],
+        bf16=plan["dtype"] == "bfloat16",  # checkpointing is already set on the model
         dataloader_num_workers=0, remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True})
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,

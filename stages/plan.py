@@ -3,17 +3,18 @@
 plan.json holds decisions only (hashed; they feed the checkpoint key and training
 applies them verbatim). Timings that led to them are run-time measurements and
 are kept beside the artifact (in its sidecar), never in the hashed tree.
-On CPU the decisions follow from the device facts; on CUDA the SDPA backends are
-timed on the run's real attention shapes.
+On CPU the decisions follow from the device facts; on a GPU (CUDA or ROCm) they come
+from stages/autotune.py's probe: real training steps per candidate, inside
+autotune.budget_seconds. The recipe's global batch (micro x accumulation) is kept.
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
-import time
 from pathlib import Path
 
+from stages import autotune
 from stages.errors import UserError
 
 GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
@@ -46,36 +47,6 @@ def extra_inputs(recipe, root: Path, store) -> dict:
     return {"facts": device_facts(recipe.hardware), "env": env_block(root, recipe.hardware.profile)}
 
 
-def time_sdpa_backends(batch, heads, kv_heads, seq, head_dim, budget_s) -> dict[str, float]:
-    """Milliseconds per forward+backward of causal SDPA for each backend that runs these shapes."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn_like(k, requires_grad=True)
-    results, deadline = {}, time.time() + budget_s
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                    SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH):
-        if time.time() > deadline:
-            break
-        try:
-            with sdpa_kernel(backend):
-                def step():
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
-                step()
-                torch.cuda.synchronize()
-                start, n = time.perf_counter(), 5
-                for _ in range(n):
-                    step()
-                torch.cuda.synchronize()
-            results[backend.name.lower()] = round((time.perf_counter() - start) * 1000 / n, 4)
-        except RuntimeError:
-            continue  # this backend does not support these shapes here
-    return results
-
-
 def build(ctx, out: Path) -> None:
     r = ctx.recipe
     facts = device_facts(r.hardware)
@@ -84,23 +55,28 @@ def build(ctx, out: Path) -> None:
         "dtype": "float32",
         "attn_implementation": "sdpa",
         "sdpa_backend": None,
+        "rocm_fa_library": None,
         "micro_batch_size": r.train.micro_batch_size,
+        "grad_accum": r.train.grad_accum,
         "sequence_length": r.data.max_length,
-        "gradient_checkpointing": False,
+        "gradient_checkpointing": "off",
+        "compile": False,
+        "fused_cross_entropy": False,
         "env": env_block(ctx.root, r.hardware.profile),
     }
-    if facts["device"] == "cuda" and r.autotune.enabled:
-        config = json.loads((ctx.upstream["base"] / "config.json").read_text())
-        timings = time_sdpa_backends(
-            r.train.micro_batch_size, config["num_attention_heads"], config["num_key_value_heads"],
-            r.data.max_length, config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
-            r.autotune.budget_seconds)
-        if not timings:
-            raise UserError("plan: no SDPA backend ran on these shapes; check data.max_length and the GPU")
-        decisions["dtype"] = "bfloat16"
-        decisions["sdpa_backend"] = min(timings, key=timings.get)
-        ctx.run["sdpa_ms"] = timings
-        ctx.log.info("SDPA forward+backward ms: %s -> %s", timings, decisions["sdpa_backend"])
+    if facts["device"] == "cuda":
+        decisions.update(dtype="bfloat16", gradient_checkpointing="full")
+        if r.autotune.enabled:
+            found = autotune.probe(ctx.upstream["base"], r, ctx.log)
+            ctx.run["probe"] = found
+            if found["decisions"] is None:
+                raise UserError("plan: no attention implementation ran a training step on these shapes; "
+                                "see the plan log, check data.max_length and the GPU")
+            decisions.update(found["decisions"])
+            global_batch = r.train.micro_batch_size * r.train.grad_accum
+            decisions["grad_accum"] = global_batch // decisions["micro_batch_size"]
+            decisions["env"] = {**decisions["env"], **autotune.rocm_env(decisions["rocm_fa_library"])}
+            ctx.log.info("probe chose %s at %.0f tokens/s", found["decisions"], found["tokens_per_s"])
     ctx.run["facts"] = facts
     (out / "plan.json").write_text(json.dumps({"decisions": decisions, "facts": facts},
                                               indent=1, sort_keys=True) + "\n")

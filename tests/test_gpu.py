@@ -1,6 +1,6 @@
-"""On a CUDA machine only (CI has none; run on the lent GPU): the plan stage times the SDPA
-backends on the run's real attention shapes and records the winner as a decision, with the
-timings kept beside the artifact."""
+"""On a CUDA machine only (CI has none; run on the lent GPU): the plan stage's probe times
+real training steps per candidate and records the winner as decisions, with the
+measurements kept beside the artifact; training then runs with those decisions."""
 from __future__ import annotations
 
 import json
@@ -13,21 +13,35 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def test_plan_times_sdpa_backends_on_the_gpu(fresh):
+def test_plan_probes_training_steps_and_training_applies_them(fresh):
     import yaml
 
     name = torch.cuda.get_device_name(0)
     profile = "h200" if "H200" in name else "h100"
     recipe = yaml.safe_load((fresh / "recipes" / "tiny.yaml").read_text())
     recipe["hardware"] = {"profile": profile}
+    recipe["train"]["max_steps"] = 20
     (fresh / "recipes" / "gpu.yaml").write_text(yaml.safe_dump(recipe))
-    run = doit(fresh, "plan:gpu")
-    assert run.rc == 0, run.out[-3000:]
+    run = doit(fresh, "checkpoint:gpu")
+    plan_log = "".join(p.read_text() for p in (fresh / "artifacts" / "store" / "plan").glob("*.log"))
+    assert run.rc == 0, plan_log + "\n".join(line for line in run.out.splitlines()
+                                             if "Warning" not in line and "node.target" not in line)[-6000:]
     key = json.loads((fresh / "artifacts" / "gpu" / "plan.json").read_text())["key"]
     plan = json.loads((fresh / "artifacts" / "store" / "plan" / key / "plan.json").read_text())
-    timings = json.loads((fresh / "artifacts" / "store" / "plan" / f"{key}.json").read_text())["run"]["sdpa_ms"]
-    print(f"{name}: SDPA forward+backward ms {timings} -> {plan['decisions']['sdpa_backend']}")
-    assert plan["facts"]["name"] == name and plan["decisions"]["dtype"] == "bfloat16"
-    assert len(timings) >= 2 and plan["decisions"]["sdpa_backend"] == min(timings, key=timings.get)
-    assert "sdpa_ms" not in json.dumps(plan)  # timings stay out of the hashed artifact
-    assert plan["decisions"]["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    probe = json.loads((fresh / "artifacts" / "store" / "plan" / f"{key}.json").read_text())["run"]["probe"]
+    d = plan["decisions"]
+    print(f"{name}: probe measured {len(probe['measurements'])} settings -> {probe['decisions']}")
+    for m in probe["measurements"]:
+        print("  ", m)
+    assert plan["facts"]["name"] == name and d["dtype"] == "bfloat16"
+    measured = [m for m in probe["measurements"] if "error" not in m]
+    assert len({m["attn_implementation"] + str(m["sdpa_backend"]) for m in measured}) >= 2
+    assert {k: d[k] for k in probe["decisions"]} == probe["decisions"]  # the winner, verbatim
+    winner = [m for m in measured if {k: m[k] for k in probe["decisions"]} == probe["decisions"]]
+    assert winner and winner[0]["tokens_per_s"] == probe["tokens_per_s"]
+    assert d["micro_batch_size"] * d["grad_accum"] == recipe["train"]["micro_batch_size"]
+    assert "measurements" not in json.dumps(plan)  # measurements stay out of the hashed artifact
+    assert d["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    ckpt = json.loads((fresh / "artifacts" / "gpu" / "checkpoint.json").read_text())["key"]
+    log = (fresh / "artifacts" / "store" / "checkpoint" / f"{ckpt}.log").read_text()
+    assert "step 20/20" in log

@@ -1,0 +1,87 @@
+"""The plan stage's probe (stages/autotune.py) on real model shapes, on one GPU.
+
+Writes a config.json of the named shape (random weights: speed does not depend on them),
+runs the same probe the plan stage runs, with the given budget, and prints every
+measurement and the decisions. MFU here: 6 x trainable-or-not matmul parameters per token
+(forward 2N, backward 4N; LoRA still pays the full input-gradient matmuls, so 6N is an
+upper bound for it; attention FLOPs not counted) over the H100 SXM's dense bf16 peak of
+989 TFLOP/s. Writes JSON under bench/results/ (or --out).
+
+    python bench/autotune_probe.py --shape qwen3-8b --peft lora --budget 180
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SHAPES = {  # Qwen3 sizes, as their config.json give them
+    "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936),
+    "qwen3-1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True),
+}
+PEAK_TFLOPS = 989.0
+
+
+def matmul_params(shape: dict) -> int:
+    h, layers, kv = shape["hidden_size"], shape["num_hidden_layers"], shape["num_key_value_heads"]
+    q = shape["num_attention_heads"] * shape["head_dim"]
+    per_layer = h * q * 2 + h * kv * shape["head_dim"] * 2 + 3 * h * shape["intermediate_size"]
+    return layers * per_layer + h * shape["vocab_size"]  # + the LM head
+
+
+def main() -> None:
+    from transformers import Qwen3Config
+
+    from stages import autotune
+    from stages.recipe import Recipe
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    ap.add_argument("--peft", choices=("lora", "none"), default="lora")
+    ap.add_argument("--max-length", type=int, default=2048)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=180)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    config_dir = Path(tempfile.mkdtemp())
+    Qwen3Config(**SHAPES[a.shape]).save_pretrained(config_dir)
+    recipe = Recipe.model_validate({
+        "model": {"path": str(config_dir)},
+        "data": {"sources": [{"path": "unused.jsonl"}], "max_length": a.max_length},
+        "train": {"peft": a.peft, "lora": {"r": 16, "alpha": 32, "target_modules": "all-linear"},
+                  "micro_batch_size": a.global_batch, "grad_accum": 1},
+        "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": a.budget}})
+    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
+    flops_per_token = 6 * matmul_params(SHAPES[a.shape])
+    print(f"\n{a.shape} {a.peft} seq {a.max_length} global batch {a.global_batch}, budget {a.budget:.0f} s")
+    print(f"{'attention':34} {'ckpt':9} {'mb':>3} {'compile':>7} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9}")
+    for m in found["measurements"]:
+        attn = f"{m['attn_implementation']}/{m['sdpa_backend'] or '-'}"
+        if "error" in m:
+            print(f"{attn:34} {m['gradient_checkpointing']:9} {m['micro_batch_size']:>3} {m['compile']!s:>7}  "
+                  f"{m['error'][:60]}")
+            continue
+        m["mfu"] = round(m["tokens_per_s"] * flops_per_token / (PEAK_TFLOPS * 1e12), 4)
+        print(f"{attn:34} {m['gradient_checkpointing']:9} {m['micro_batch_size']:>3} {m['compile']!s:>7} "
+              f"{m['tokens_per_s']:>9.0f} {m['mfu']:>6.1%} {m['peak_bytes'] / 2**30:>9.1f}")
+    print("decisions:", json.dumps(found["decisions"]))
+    out = Path(a.out or REPO / "bench" / "results" / f"autotune_{a.shape}_{a.peft}_{a.max_length}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"shape": a.shape, "peft": a.peft, "max_length": a.max_length,
+                               "global_batch": a.global_batch, "budget_seconds": a.budget,
+                               "flops_per_token": flops_per_token, "peak_tflops": PEAK_TFLOPS, **found},
+                              indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""autotune: the plan stage's probe on a GPU. A few real training steps per candidate, on
+the run's shapes (the model's own architecture in the run's dtype, LoRA as the recipe
+says, micro-batches of packed sequences of data.max_length), inside a time budget.
+
+Candidates are tried in stages, each keeping the winner of the last: attention
+implementation; activation checkpointing (off / selective: every other layer / full)
+with, for each mode, micro-batches doubled while they fit under the memory margin;
+then regional torch.compile (each decoder layer compiled) and a fused linear
+cross-entropy where the library for it is present. Whatever is not reached inside the
+budget keeps the safe default. The weights are random: speed does not depend on them,
+and the plan must not depend on the data (editing a row does not re-plan).
+"""
+from __future__ import annotations
+
+import importlib.util
+import time
+from contextlib import nullcontext
+
+MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
+DOCUMENT_MEDIAN = 450  # tokens: packed sequences are cut into documents of lognormal length
+# (at most an eighth of the sequence, so a sequence always holds several, as packed shards do:
+# attention then needs a per-document mask, which rules some kernels out)
+
+
+def attention_candidates(facts: dict) -> list[dict]:
+    """Attention implementations worth timing on this device. On ROCm the flash backend
+    comes from one of two libraries, AOTriton or CK, chosen by torch's switch."""
+    if facts.get("hip"):
+        sdpa = [("flash_attention", "aotriton"), ("flash_attention", "ck"), ("efficient_attention", None)]
+    else:
+        sdpa = [("flash_attention", None), ("cudnn_attention", None), ("efficient_attention", None)]
+    out = [{"attn_implementation": "sdpa", "sdpa_backend": b, "rocm_fa_library": lib} for b, lib in sdpa]
+    out.append({"attn_implementation": "flex_attention", "sdpa_backend": None, "rocm_fa_library": None})
+    if importlib.util.find_spec("flash_attn") is not None:
+        out.append({"attn_implementation": "flash_attention_2", "sdpa_backend": None, "rocm_fa_library": None})
+    return out
+
+
+def rocm_env(library: str | None) -> dict[str, str]:
+    """The environment switch that selects the ROCm flash-attention library (none: torch's default)."""
+    return {} if library is None else {"TORCH_ROCM_FA_PREFER_CK": "1" if library == "ck" else "0"}
+
+
+def micro_batches(global_batch: int) -> list[int]:
+    """Micro-batch sizes that keep the recipe's global batch exact (micro x accumulation)."""
+    return [m for m in range(1, global_batch + 1) if global_batch % m == 0]
+
+
+def search(measure, attention: list[dict], global_batch: int, deadline: float, total_memory: int) -> dict:
+    """The fastest setting found before the deadline. `measure(setting)` runs real steps and
+    returns {"tokens_per_s", "peak_bytes"} or {"error"}; every measurement is kept."""
+    tried = []
+
+    def run(setting):
+        if time.monotonic() > deadline:
+            return None
+        result = measure(setting)
+        tried.append({**setting, **result})
+        return None if "error" in result else result
+
+    safe = {"gradient_checkpointing": "full", "micro_batch_size": 1, "compile": False,
+            "fused_cross_entropy": False}
+    best, best_speed = None, 0.0
+    for candidate in attention:
+        result = run({**candidate, **safe})
+        if result and result["tokens_per_s"] > best_speed:
+            best, best_speed = {**candidate, **safe}, result["tokens_per_s"]
+    if best is None:
+        return {"decisions": None, "measurements": tried}
+    limit = total_memory * (1 - MEMORY_MARGIN)
+    for mode in ("off", "selective", "full"):
+        for mb in micro_batches(global_batch):
+            setting = {**best, "gradient_checkpointing": mode, "micro_batch_size": mb}
+            if setting == best:
+                continue
+            result = run(setting)
+            if result is None or result["peak_bytes"] > limit:
+                break  # larger micro-batches of this mode do not fit (or time is up)
+            if result["tokens_per_s"] > best_speed:
+                best, best_speed = setting, result["tokens_per_s"]
+    for knob, present in (("compile", True), ("fused_cross_entropy", fused_cross_entropy_available())):
+        if present:
+            result = run({**best, knob: True})
+            if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > best_speed * 1.03:
+                best, best_speed = {**best, knob: True}, result["tokens_per_s"]
+    return {"decisions": best, "tokens_per_s": best_speed, "measurements": tried}
+
+
+def fused_cross_entropy_available() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def packed_batch(micro_batch: int, length: int, vocab: int, seed: int = 0):
+    """Random token ids in packed sequences: documents of lognormal length restart positions."""
+    import torch
+
+    g, median = torch.Generator().manual_seed(seed), min(DOCUMENT_MEDIAN, length // 8)
+    ids = torch.randint(0, vocab, (micro_batch, length), generator=g)
+    positions = torch.empty(micro_batch, length, dtype=torch.long)
+    for row in range(micro_batch):
+        at = 0
+        while at < length:
+            n = int(torch.empty(1).log_normal_(0, 0.8, generator=g).item() * median)
+            n = min(max(n, 32), length - at)
+            positions[row, at: at + n] = torch.arange(n)
+            at += n
+    return {"input_ids": ids.cuda(), "labels": ids.cuda(), "position_ids": positions.cuda()}
+
+
+def apply_checkpointing(model, mode: str) -> None:
+    """off, full, or selective: every other decoder layer recomputed in the backward pass."""
+    if mode == "off":
+        model.gradient_checkpointing_disable()
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if mode == "selective":
+        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        for layer in layers[1::2]:
+            layer.gradient_checkpointing = False
+
+
+def compile_regions(model) -> None:
+    """Regional compilation: each decoder layer compiled (one graph, reused by all layers)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    for m in model.modules():
+        if isinstance(m, GradientCheckpointingLayer):
+            m.compile()
+
+
+def training_mode() -> None:
+    """Deterministic kernels only and no cuDNN benchmarking: set by training and by the probe
+    alike, so the probe never picks a kernel that training would refuse."""
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def apply_settings(model, s: dict) -> None:
+    """Everything in a setting that acts on a built model (the training stage uses this too)."""
+    model.set_attn_implementation(s["attn_implementation"])
+    apply_checkpointing(model, s["gradient_checkpointing"])
+    if s["compile"]:
+        compile_regions(model)
+    if s["fused_cross_entropy"]:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+        _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+
+
+def probe(config_dir, recipe, log) -> dict:
+    """Build the run's model on the GPU and search; returns search()'s result."""
+    import os
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from stages.checkpoint import lora_config
+
+    training_mode()
+    config = AutoConfig.from_pretrained(config_dir)
+    t, length = recipe.train, recipe.data.max_length
+    deadline = time.monotonic() + recipe.autotune.budget_seconds
+    total = torch.cuda.get_device_properties(0).total_memory
+
+    def build(setting):
+        os.environ.update(rocm_env(setting["rocm_fa_library"]))
+        if setting["rocm_fa_library"]:
+            torch.backends.cuda.preferred_rocm_fa_library(setting["rocm_fa_library"])
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.config.use_cache = False
+        if t.peft == "lora":
+            from peft import get_peft_model
+
+            model = get_peft_model(model, lora_config(t))
+        model.train()
+        apply_settings(model, setting)
+        return model
+
+    def measure(setting) -> dict:
+        model = optimizer = None
+        try:
+            model = build(setting)
+            optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
+            batch = packed_batch(setting["micro_batch_size"], length, config.vocab_size)
+            backend = setting["sdpa_backend"]
+            context = sdpa_kernel(getattr(SDPBackend, backend.upper())) if backend else nullcontext()
+            with context:
+                times = []
+                for _ in range(3):  # the first step warms up (and compiles); the next two are timed
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    model(**batch).loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - start)
+            seconds = sum(times[1:]) / 2
+            result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
+                      "peak_bytes": torch.cuda.max_memory_allocated(), "step_seconds": round(seconds, 4)}
+        except (RuntimeError, ValueError, NotImplementedError) as e:  # OOM, or a backend that cannot run this
+            result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        del model, optimizer
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        torch._dynamo.reset()
+        log.info("probe %s -> %s", setting, result)
+        return result
+
+    return search(measure, attention_candidates({"hip": torch.version.hip}),
+                  t.micro_batch_size * t.grad_accum, deadline, total)

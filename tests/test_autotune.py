@@ -1,0 +1,107 @@
+"""The autotune probe's choices, on CPU: candidates per device (a ROCm device faked by its
+facts), the search over measured settings (here a table of measurements stands in for the
+GPU steps that tests/test_gpu.py runs for real), and the settings applied to a real model."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from stages import autotune, plan
+
+GiB = 2**30
+CUDA = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "hip": None, "cuda": "13.0"}
+MI300X = {"device": "cuda", "name": "AMD Instinct MI300X", "hip": "6.4.1", "cuda": None}
+
+
+def names(candidates):
+    return [(c["attn_implementation"], c["sdpa_backend"], c["rocm_fa_library"]) for c in candidates]
+
+
+def test_cuda_candidates_time_each_sdpa_backend_and_flex():
+    got = names(autotune.attention_candidates(CUDA))
+    assert got[:4] == [("sdpa", "flash_attention", None), ("sdpa", "cudnn_attention", None),
+                       ("sdpa", "efficient_attention", None), ("flex_attention", None, None)]
+
+
+def test_rocm_candidates_choose_between_aotriton_and_ck_flash_attention():
+    got = names(autotune.attention_candidates(MI300X))
+    assert ("sdpa", "flash_attention", "aotriton") in got and ("sdpa", "flash_attention", "ck") in got
+    assert all(backend != "cudnn_attention" for _, backend, _ in got)  # no cuDNN on ROCm
+    assert autotune.rocm_env("ck") == {"TORCH_ROCM_FA_PREFER_CK": "1"}
+    assert autotune.rocm_env("aotriton") == {"TORCH_ROCM_FA_PREFER_CK": "0"}
+    assert autotune.rocm_env(None) == {}
+
+
+def test_mi300x_env_block_turns_off_tuning_during_training(tmp_path):
+    from conftest import REPO
+
+    env = plan.env_block(REPO, "mi300x")
+    assert env["PYTORCH_TUNABLEOP_ENABLED"] == "0" and env["TORCHINDUCTOR_MAX_AUTOTUNE"] == "0"
+    assert plan.env_block(REPO, "gfx1100")["PYTORCH_TUNABLEOP_ENABLED"] == "0"
+
+
+def table_measure(speeds: dict, memory: dict, calls: list):
+    """A device described by a table: tokens/s per (attention, checkpointing), memory per
+    micro-batch token; a setting over 80 GiB fails as an out-of-memory would."""
+    def measure(s):
+        calls.append(s)
+        key = (s["sdpa_backend"] or s["attn_implementation"], s["rocm_fa_library"])
+        if key not in speeds:
+            return {"error": "RuntimeError: No available kernel"}
+        peak = memory[s["gradient_checkpointing"]] * s["micro_batch_size"]
+        if peak > 80 * GiB:
+            return {"error": "OutOfMemoryError: CUDA out of memory"}
+        ckpt = {"off": 1.3, "selective": 1.15, "full": 1.0}[s["gradient_checkpointing"]]
+        batch = 1 + 0.05 * s["micro_batch_size"]
+        return {"tokens_per_s": speeds[key] * ckpt * batch * (1.1 if s["compile"] else 1.0), "peak_bytes": peak}
+    return measure
+
+
+def test_search_on_a_faked_mi300x_picks_ck_and_the_largest_batch_that_fits():
+    calls = []
+    speeds = {("flash_attention", "aotriton"): 1000.0, ("flash_attention", "ck"): 1200.0,
+              ("efficient_attention", None): 800.0}  # flex fails on this device
+    memory = {"off": 30 * GiB, "selective": 18 * GiB, "full": 10 * GiB}
+    found = autotune.search(table_measure(speeds, memory, calls), autotune.attention_candidates(MI300X),
+                            global_batch=8, deadline=time.monotonic() + 60, total_memory=192 * GiB)
+    d = found["decisions"]
+    assert (d["sdpa_backend"], d["rocm_fa_library"]) == ("flash_attention", "ck")
+    # the fastest measured setting under 90% of 192 GiB wins (off stops at 4 x 30 GiB)
+    best = max((m for m in found["measurements"] if "error" not in m and m["peak_bytes"] <= 0.9 * 192 * GiB
+                and not m["compile"]), key=lambda m: m["tokens_per_s"])
+    assert (d["gradient_checkpointing"], d["micro_batch_size"]) == \
+        (best["gradient_checkpointing"], best["micro_batch_size"])
+    assert d["micro_batch_size"] in (1, 2, 4, 8) and 8 % d["micro_batch_size"] == 0
+    assert d["compile"] is True  # 10% faster: kept
+    assert any(m.get("error", "").startswith("RuntimeError") for m in found["measurements"])  # flex, recorded
+
+
+def test_search_keeps_safe_settings_when_the_budget_is_spent():
+    calls = []
+    speeds = {("flash_attention", None): 1000.0}
+    memory = {"off": GiB, "selective": GiB, "full": GiB}
+    found = autotune.search(table_measure(speeds, memory, calls), autotune.attention_candidates(CUDA),
+                            global_batch=4, deadline=time.monotonic() - 1, total_memory=80 * GiB)
+    assert found["decisions"] is None and calls == []  # nothing measured past the deadline
+
+
+def test_micro_batches_keep_the_global_batch_exact():
+    assert autotune.micro_batches(12) == [1, 2, 3, 4, 6, 12]
+
+
+@pytest.mark.parametrize("mode, recomputed", [("off", 0), ("selective", 1), ("full", 2)])
+def test_checkpointing_modes_on_a_real_model(mode, recomputed):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16))
+    model.train()
+    autotune.apply_settings(model, {"attn_implementation": "sdpa", "gradient_checkpointing": mode,
+                                    "compile": False, "fused_cross_entropy": False})
+    assert sum(layer.gradient_checkpointing for layer in model.model.layers) == recomputed
+    ids = torch.randint(0, 64, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()  # trains in every mode
+    assert model.model.layers[0].mlp.up_proj.weight.grad is not None
