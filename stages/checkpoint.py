@@ -94,13 +94,29 @@ def collate(rows):
             for k in ("input_ids", "labels", "position_ids")}
 
 
+def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
+    """SFTTrainer over packed rows, with the plan's batch shape (bench/train_speed.py uses it too)."""
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(
+        output_dir=str(output_dir), max_steps=t.max_steps, learning_rate=t.lr,
+        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
+        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
+        logging_steps=1, save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
+        seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
+        bf16=plan["dtype"] == "bfloat16", gradient_checkpointing=False,  # already set on the model
+        dataloader_num_workers=0, remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True})
+    return SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
+                      data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)
+
+
 def build(ctx, out: Path) -> None:
     import torch
     from datasets import Dataset
     from safetensors.numpy import load_file
     from transformers import AutoTokenizer, set_seed
     from transformers.trainer_callback import ProgressCallback
-    from trl import SFTConfig, SFTTrainer
 
     t = ctx.recipe.train
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
@@ -118,18 +134,7 @@ def build(ctx, out: Path) -> None:
     model = trainable_model(ctx, plan)
 
     ctx.work.mkdir(parents=True, exist_ok=True)
-    args = SFTConfig(
-        output_dir=str(ctx.work), max_steps=t.max_steps, learning_rate=t.lr,
-        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
-        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
-        logging_steps=1, save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
-        seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
-        bf16=plan["dtype"] == "bfloat16",  # checkpointing is already set on the model
-        dataloader_num_workers=0, remove_unused_columns=False,
-        dataset_kwargs={"skip_prepare_dataset": True})
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                         data_collator=collate,
-                         peft_config=lora_config(t) if t.peft == "lora" else None)
+    trainer = make_trainer(model, train, tok, plan, t, ctx.work)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(step_log_callback(ctx.log, t.max_steps))
     trainer.add_callback(mark_complete_callback())

@@ -74,6 +74,8 @@ def test_search_on_a_faked_mi300x_picks_ck_and_the_largest_batch_that_fits():
         (best["gradient_checkpointing"], best["micro_batch_size"])
     assert d["micro_batch_size"] in (1, 2, 4, 8) and 8 % d["micro_batch_size"] == 0
     assert d["compile"] is True  # 10% faster: kept
+    compiled = [m for m in found["measurements"] if m["compile"] and "error" not in m]
+    assert len(compiled) == 3  # each attention implementation that ran is tried compiled
     assert any(m.get("error", "").startswith("RuntimeError") for m in found["measurements"])  # flex, recorded
 
 

@@ -1,0 +1,241 @@
+"""Training throughput on one GPU, one run, same documents: TRL's three reference
+configurations beside ours (the checkpoint stage's trainer with the plan probe's decisions).
+
+Workload (issue 3): a Qwen3-8B-shaped model, random init with a fixed seed, LoRA r=16
+alpha=32 on all linear layers, bf16; documents of lognormal length (median 450, clipped to
+[32, 2048]) with loss on the completion part (the last 70%). Each document is a short random
+motif repeated (tokens 10 and up: never the pad id, so real tokens = non-pad tokens).
+
+  trl_default   padded batches of 4, sdpa, gradient checkpointing (TRL's defaults)
+  trl_packed    BFD packing + padding-free + Liger, 4 x 2048 per step
+  trl_flex      BFD packing + flex_attention + Liger, 4 x 2048 per step
+  ours          our BFD packing (stages/shards.pack), the plan probe's decisions
+                (stages/autotune.probe, run here with PROBE_BUDGET), 4 x 2048 per step
+  ours_safe     our packing with the safe settings (efficient SDPA, full checkpointing,
+                no compile): the same batches as ours, for the loss check
+
+Real tokens/s counts non-pad tokens of the timed steps (steps after WARMUP, so compilation
+is not timed). MFU: 6 x matmul parameters per token (LoRA still pays the input-gradient
+matmuls, so 6N is what a step does minus the frozen weights' gradients: an upper bound on
+work done; attention FLOPs not counted) over 989 TFLOP/s, the H100 SXM's dense bf16 peak.
+Loss check: ours vs ours_safe on the first 20 steps (same batches), max |difference|.
+
+    python bench/train_speed.py
+"""
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from autotune_probe import PEAK_TFLOPS, SHAPES, matmul_params  # noqa: E402
+
+STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
+PROBE_BUDGET = 150  # seconds: an 8B recipe's autotune.budget_seconds (the default 60 is for small models)
+MAX_LENGTH, BATCH = 2048, 4
+
+
+def documents(n: int, vocab: int, seed: int = 0) -> list[dict]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n):
+        length = int(np.clip(rng.lognormal(math.log(450), 0.8), 32, MAX_LENGTH))
+        motif = rng.integers(10, vocab, rng.integers(4, 16))
+        ids = np.resize(motif, length).tolist()
+        prompt = int(length * 0.3)
+        docs.append({"input_ids": ids, "completion_mask": [0] * prompt + [1] * (length - prompt)})
+    return docs
+
+
+def packed_rows(docs: list[dict], pad_id: int) -> dict:
+    """Our shards' layout: BFD bins of MAX_LENGTH, labels only on completions, positions restart."""
+    from stages.shards import IGNORE, pack
+
+    rows = {"input_ids": [], "labels": [], "position_ids": []}
+    for members in pack([len(d["input_ids"]) for d in docs], MAX_LENGTH):
+        ids, labels, pos = [], [], []
+        for i in members:
+            d = docs[i]
+            ids += d["input_ids"]
+            labels += [t if m else IGNORE for t, m in zip(d["input_ids"], d["completion_mask"])]
+            pos += list(range(len(d["input_ids"])))
+        pad = MAX_LENGTH - len(ids)
+        rows["input_ids"].append(ids + [pad_id] * pad)
+        rows["labels"].append(labels + [IGNORE] * pad)
+        rows["position_ids"].append(pos + list(range(pad)))
+    return rows
+
+
+def new_model(attn: str):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**SHAPES["qwen3-8b"]), dtype=torch.bfloat16,
+                                                 attn_implementation=attn)
+    model.config.use_cache = False
+    return model
+
+
+def meter(counts: list[int], times: list[float]):
+    import torch
+    from transformers import TrainerCallback
+
+    class Meter(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.start)
+
+    return Meter()
+
+
+def counting(collator, counts: list[int], pad_id: int):
+    """The trainer's own collator, counting the real tokens of each batch (documents never
+    hold the pad id, so whatever the layout, padded or packed, real = not pad)."""
+    def collate(examples):
+        batch = collator(examples)
+        counts.append(int((batch["input_ids"] != pad_id).sum()))
+        return batch
+    return collate
+
+
+def finish(name: str, trainer, counts, times, accum: int = 1) -> dict:
+    import torch
+
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    tokens = sum(counts[WARMUP * accum: STEPS * accum])  # one count per micro-batch
+    seconds = sum(times[WARMUP:STEPS])
+    result = {"tokens_per_s": round(tokens / seconds, 1), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+              "step_seconds": round(seconds / (STEPS - WARMUP), 4), "losses": losses[:LOSS_STEPS]}
+    logging.info("%s: %s", name, result)
+    return result
+
+
+def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    torch.cuda.reset_peak_memory_stats()
+    model = new_model(attn)
+    args = SFTConfig(output_dir=str(work / name), max_steps=STEPS, per_device_train_batch_size=BATCH,
+                     max_length=MAX_LENGTH, bf16=True, learning_rate=1e-4, logging_steps=1, report_to="none",
+                     save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0, **overrides)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(docs), processing_class=tok,
+                         peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                task_type="CAUSAL_LM"))
+    counts, times = [], []
+    trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
+    trainer.add_callback(meter(counts, times))
+    result = finish(name, trainer, counts, times)
+    del trainer, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
+    import torch
+    from datasets import Dataset
+
+    from stages import autotune
+    from stages.checkpoint import make_trainer, sdpa_backend
+    from stages.recipe import TrainSection
+
+    torch.cuda.reset_peak_memory_stats()
+    autotune.training_mode()
+    model = new_model("sdpa")
+    autotune.apply_settings(model, decisions)
+    t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,
+                     max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
+    plan = {**decisions, "device": "cuda", "dtype": "bfloat16", "grad_accum": BATCH // decisions["micro_batch_size"]}
+    trainer = make_trainer(model, Dataset.from_dict(rows), tok, plan, t, work / name)
+    counts, times = [], []
+    trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
+    trainer.add_callback(meter(counts, times))
+    with sdpa_backend(decisions["sdpa_backend"]):
+        result = finish(name, trainer, counts, times, plan["grad_accum"])
+    del trainer, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return result
+
+
+def main() -> None:
+    from stages import autotune
+    from stages.base import char_tokenizer
+    from stages.recipe import Recipe
+    from transformers import Qwen3Config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    work = Path(tempfile.mkdtemp())
+    shape = SHAPES["qwen3-8b"]
+    docs = documents(STEPS * BATCH * 12, shape["vocab_size"])
+    tok = char_tokenizer()
+    rows = packed_rows(docs, tok.pad_token_id)
+
+    results = {}
+    results["trl_default"] = run_trl("trl_default", docs, tok, "sdpa", work)
+    results["trl_packed"] = run_trl("trl_packed", docs, tok, "sdpa", work, packing=True, padding_free=True,
+                                    use_liger_kernel=True)
+    results["trl_flex"] = run_trl("trl_flex", docs, tok, "flex_attention", work, packing=True,
+                                  use_liger_kernel=True)
+
+    config_dir = work / "config"
+    Qwen3Config(**shape).save_pretrained(config_dir)
+    recipe = Recipe.model_validate({
+        "model": {"path": str(config_dir)}, "data": {"sources": [{"path": "unused.jsonl"}], "max_length": MAX_LENGTH},
+        "train": {"peft": "lora", "lora": {"r": 16, "alpha": 32}, "micro_batch_size": BATCH},
+        "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": PROBE_BUDGET}})
+    start = time.perf_counter()
+    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
+    probe_seconds = time.perf_counter() - start
+    results["ours"] = run_ours("ours", rows, tok, found["decisions"], work)
+    safe = {**found["decisions"], "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
+            "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
+    results["ours_safe"] = run_ours("ours_safe", rows, tok, safe, work)
+
+    flops = 6 * matmul_params(shape)
+    best_trl = max(("trl_default", "trl_packed", "trl_flex"), key=lambda k: results[k]["tokens_per_s"])
+    print(f"\nQwen3-8B shape, LoRA r16, seq {MAX_LENGTH}, batch {BATCH}, {STEPS} steps ({WARMUP} untimed)")
+    print(f"{'':12} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9} {'vs best TRL':>12}")
+    for name, r in results.items():
+        r["mfu"] = round(r["tokens_per_s"] * flops / (PEAK_TFLOPS * 1e12), 4)
+        r["vs_best_trl"] = round(r["tokens_per_s"] / results[best_trl]["tokens_per_s"], 2)
+        print(f"{name:12} {r['tokens_per_s']:>9.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f} {r['vs_best_trl']:>11}x")
+    diff = max(abs(a - b) for a, b in zip(results["ours"]["losses"], results["ours_safe"]["losses"]))
+    print(f"ours decisions: {found['decisions']} (probe {probe_seconds:.0f} s)")
+    print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
+          f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
+          f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
+    out = REPO / "bench" / "results" / "train_speed.json"
+    if len(sys.argv) > 1:
+        out = Path(sys.argv[1])
+    out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
+                               "warmup": WARMUP, "flops_per_token": flops, "peak_tflops": PEAK_TFLOPS,
+                               "best_trl": best_trl, "ours_decisions": found["decisions"],
+                               "probe_seconds": round(probe_seconds, 1), "loss_max_abs_diff": diff,
+                               "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
