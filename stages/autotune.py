@@ -122,18 +122,20 @@ def apply_checkpointing(model, mode: str) -> None:
         return
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if mode == "selective":
-        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
-        for layer in layers[1::2]:
+        for layer in decoder_layers(model)[1::2]:
             layer.gradient_checkpointing = False
+
+
+def decoder_layers(model) -> list:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 def compile_regions(model) -> None:
     """Regional compilation: each decoder layer compiled (one graph, reused by all layers)."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    for m in model.modules():
-        if isinstance(m, GradientCheckpointingLayer):
-            m.compile()
+    for layer in decoder_layers(model):
+        layer.compile()
 
 
 def training_mode() -> None:
