@@ -127,6 +127,7 @@ def main() -> None:
     trl = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss}
 
     results = {"trl": trl}
+    report(a, results)
     for name, dedupe in (("ours", {}), ("ours_exact_dedupe_only", {"near_threshold": None})):
         project = work / name
         subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
@@ -141,8 +142,13 @@ def main() -> None:
         results[name] = {"seconds": seconds, "tokens": stats["tokens"], "sequences": stats["sequences"],
                          "wall_seconds": seconds, "peak_rss_mib": rss, "dropped": stats["dropped"],
                          "packing_efficiency": stats["packing_efficiency"]}
-        print(name, "done", flush=True)
+        report(a, results)
 
+
+def report(a, results: dict) -> None:
+    """Print the table and write the JSON; called after each variant, so a run cut short
+    still leaves the variants that finished."""
+    trl = results["trl"]
     table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(), **results}
     for r in results.values():
         r["rows_per_s"] = round(a.rows / r["seconds"], 1)
@@ -151,7 +157,7 @@ def main() -> None:
     for name, r in results.items():
         r["vs_trl_rows_per_s"] = round(r["rows_per_s"] / trl["rows_per_s"], 2)
         print(f"{name:24} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
-              f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {r['vs_trl_rows_per_s']:>6}x")
+              f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {r['vs_trl_rows_per_s']:>6}x", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
 
