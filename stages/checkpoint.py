@@ -94,9 +94,24 @@ def collate(rows):
             for k in ("input_ids", "labels", "position_ids")}
 
 
+def model_loss_trainer():
+    """SFTTrainer whose loss is the model's own (cross-entropy on the shard's labels, inside the
+    forward, normalized by the batch's loss tokens as TRL's is). TRL's default runs its chunked
+    LM head instead, which also computes entropy and token accuracy for the logs: three host
+    syncs and extra passes over the vocabulary per micro-batch (bench/step_profile.py times both)."""
+    from transformers import Trainer
+    from trl import SFTTrainer
+
+    class ModelLossSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    return ModelLossSFTTrainer
+
+
 def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     """SFTTrainer over packed rows, with the plan's batch shape (bench/train_speed.py uses it too)."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     args = SFTConfig(
         output_dir=str(output_dir), max_steps=t.max_steps, learning_rate=t.lr,
@@ -107,8 +122,8 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
         bf16=plan["dtype"] == "bfloat16", gradient_checkpointing=False,  # already set on the model
         dataloader_num_workers=0, remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True})
-    return SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                      data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)
+    return model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,
+                                data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)
 
 
 def build(ctx, out: Path) -> None:
