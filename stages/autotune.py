@@ -157,7 +157,11 @@ def apply_settings(model, s: dict) -> None:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PEFT wrapper
-        _apply_liger_kernel_to_instance(model=base, fused_linear_cross_entropy=True, cross_entropy=False)
+        # the fused loss only, bound to this instance: Liger's rope, RMSNorm and SwiGLU switches
+        # (on by default) patch transformers' module for the whole process, so every model built
+        # after this probe candidate would run them, compiled regions included
+        _apply_liger_kernel_to_instance(model=base, fused_linear_cross_entropy=True, cross_entropy=False,
+                                        rope=False, rms_norm=False, swiglu=False)
 
 
 def probe(config_dir, recipe, log) -> dict:
@@ -217,7 +221,9 @@ def probe(config_dir, recipe, log) -> dict:
                 for _ in range(3):  # the first step warms up (and compiles); the next two are timed
                     torch.cuda.synchronize()
                     start = time.perf_counter()
-                    model(**batch).loss.backward()
+                    with torch.autocast("cuda", dtype=torch.bfloat16):  # as the Trainer runs bf16
+                        loss = model(**batch).loss
+                    loss.backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     torch.cuda.synchronize()
