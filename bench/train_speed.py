@@ -15,12 +15,12 @@ motif repeated (tokens 10 and up: never the pad id, so real tokens = non-pad tok
                 no compile): the same batches as ours, for the loss check
 
 Real tokens/s counts non-pad tokens of the timed steps (steps after WARMUP, so compilation
-is not timed). MFU: 6 x matmul parameters per token (LoRA still pays the input-gradient
-matmuls, so 6N is what a step does minus the frozen weights' gradients: an upper bound on
-work done; attention FLOPs not counted) over 989 TFLOP/s, the H100 SXM's dense bf16 peak.
+is not timed). MFU: model FLOPs per token, 4N for LoRA (bench/autotune_probe.flops_per_token
+says which terms count), over the bf16 matmul peak measured on this GPU in this run.
 Loss check: ours vs ours_safe on the first 20 steps (same batches), max |difference|.
+Each configuration runs in a fresh process (run_one says why); the table comes at the end.
 
-    python bench/train_speed.py
+    python bench/train_speed.py [out.json]
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import PEAK_TFLOPS, SHAPES, matmul_params  # noqa: E402
+from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops  # noqa: E402
 
 STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
 PROBE_BUDGET = 150  # seconds: an 8B recipe's autotune.budget_seconds (the default 60 is for small models)
@@ -180,26 +180,33 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     return result
 
 
-def main() -> None:
+CONFIGS = ("trl_default", "trl_packed", "trl_flex", "ours", "ours_safe")
+
+
+def run_one(name: str, work: Path) -> dict:
+    """One configuration, in a process of its own: Liger patches transformers' Qwen3 classes
+    for the whole process and training_mode() makes torch deterministic for the whole
+    process, so neither may leak into the runs after it."""
     from stages import autotune
     from stages.base import char_tokenizer
     from stages.recipe import Recipe
     from transformers import Qwen3Config
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    work = Path(tempfile.mkdtemp())
     shape = SHAPES["qwen3-8b"]
     docs = documents(STEPS * BATCH * 12, shape["vocab_size"])
     tok = char_tokenizer()
+    if name == "trl_default":
+        return run_trl(name, docs, tok, "sdpa", work)
+    if name == "trl_packed":
+        return run_trl(name, docs, tok, "sdpa", work, packing=True, padding_free=True, use_liger_kernel=True)
+    if name == "trl_flex":
+        return run_trl(name, docs, tok, "flex_attention", work, packing=True, use_liger_kernel=True)
     rows = packed_rows(docs, tok.pad_token_id)
-
-    results = {}
-    results["trl_default"] = run_trl("trl_default", docs, tok, "sdpa", work)
-    results["trl_packed"] = run_trl("trl_packed", docs, tok, "sdpa", work, packing=True, padding_free=True,
-                                    use_liger_kernel=True)
-    results["trl_flex"] = run_trl("trl_flex", docs, tok, "flex_attention", work, packing=True,
-                                  use_liger_kernel=True)
-
+    if name == "ours_safe":  # the probe's micro-batch with the safe settings
+        found = json.loads((work / "ours.json").read_text())["found"]
+        safe = {**found["decisions"], "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
+                "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
+        return run_ours(name, rows, tok, safe, work)
     config_dir = work / "config"
     Qwen3Config(**shape).save_pretrained(config_dir)
     recipe = Recipe.model_validate({
@@ -208,32 +215,48 @@ def main() -> None:
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": PROBE_BUDGET}})
     start = time.perf_counter()
     found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
-    probe_seconds = time.perf_counter() - start
-    results["ours"] = run_ours("ours", rows, tok, found["decisions"], work)
-    safe = {**found["decisions"], "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
-            "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
-    results["ours_safe"] = run_ours("ours_safe", rows, tok, safe, work)
+    found = {"decisions": found["decisions"], "probe_seconds": round(time.perf_counter() - start, 1)}
+    return {**run_ours(name, rows, tok, found["decisions"], work), "found": found}
 
-    flops = 6 * matmul_params(shape)
+
+def main() -> None:
+    import subprocess
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":  # a child: one configuration
+        name, work = sys.argv[2], Path(sys.argv[3])
+        (work / f"{name}.json").write_text(json.dumps(run_one(name, work)))
+        return
+    work = Path(tempfile.mkdtemp())
+    results = {}
+    for name in CONFIGS:
+        subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True)
+        results[name] = json.loads((work / f"{name}.json").read_text())
+    found = results["ours"].pop("found")
+    shape = SHAPES["qwen3-8b"]
+    peak = matmul_peak_tflops()
+    flops = flops_per_token(shape, "lora")
     best_trl = max(("trl_default", "trl_packed", "trl_flex"), key=lambda k: results[k]["tokens_per_s"])
-    print(f"\nQwen3-8B shape, LoRA r16, seq {MAX_LENGTH}, batch {BATCH}, {STEPS} steps ({WARMUP} untimed)")
+    print(f"\nQwen3-8B shape, LoRA r16, seq {MAX_LENGTH}, batch {BATCH}, {STEPS} steps ({WARMUP} untimed); "
+          f"MFU: {flops / 1e9:.1f} GFLOP/token over the measured bf16 matmul peak, {peak:.0f} TFLOP/s")
     print(f"{'':12} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9} {'vs best TRL':>12}")
     for name, r in results.items():
-        r["mfu"] = round(r["tokens_per_s"] * flops / (PEAK_TFLOPS * 1e12), 4)
+        r["mfu"] = round(r["tokens_per_s"] * flops / (peak * 1e12), 4)
         r["vs_best_trl"] = round(r["tokens_per_s"] / results[best_trl]["tokens_per_s"], 2)
         print(f"{name:12} {r['tokens_per_s']:>9.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f} {r['vs_best_trl']:>11}x")
     diff = max(abs(a - b) for a, b in zip(results["ours"]["losses"], results["ours_safe"]["losses"]))
-    print(f"ours decisions: {found['decisions']} (probe {probe_seconds:.0f} s)")
+    print(f"ours decisions: {found['decisions']} (probe {found['probe_seconds']:.0f} s)")
     print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
           f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
     out = REPO / "bench" / "results" / "train_speed.json"
     if len(sys.argv) > 1:
         out = Path(sys.argv[1])
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
-                               "warmup": WARMUP, "flops_per_token": flops, "peak_tflops": PEAK_TFLOPS,
+                               "warmup": WARMUP, "flops_per_token": flops, "matmul_peak_tflops": round(peak, 1),
                                "best_trl": best_trl, "ours_decisions": found["decisions"],
-                               "probe_seconds": round(probe_seconds, 1), "loss_max_abs_diff": diff,
+                               "probe_seconds": found["probe_seconds"], "loss_max_abs_diff": diff,
                                "results": results}, indent=1) + "\n")
 
 
