@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import SHAPES, matmul_peak_tflops  # noqa: E402
+from autotune_probe import matmul_peak_tflops  # noqa: E402
+from train_speed import new_model  # noqa: E402
 
 BEST = {"attn_implementation": "flex_attention", "sdpa_backend": None, "rocm_fa_library": None,
         "gradient_checkpointing": "off", "micro_batch_size": 2, "compile": True, "fused_cross_entropy": False}
@@ -69,18 +70,13 @@ def busy_and_top(prof, wall: float) -> dict:
 def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) -> dict:
     import torch
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
     from stages import autotune
     from stages.checkpoint import lora_config
     from stages.recipe import TrainSection
 
     autotune.training_mode()
-    torch.manual_seed(0)
-    config = Qwen3Config(**SHAPES["qwen3-8b"])
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.config.use_cache = False
+    model = new_model("sdpa")
     model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
     model.train()
     autotune.apply_settings(model, setting)
@@ -88,7 +84,7 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
         if hasattr(m, "cast_input_dtype_enabled"):
             m.cast_input_dtype_enabled = input_cast
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    batch = autotune.packed_batch(setting["micro_batch_size"], 2048, config.vocab_size)
+    batch = autotune.packed_batch(setting["micro_batch_size"], 2048, model.config.vocab_size)
     torch.cuda.reset_peak_memory_stats()
 
     def step():
@@ -133,7 +129,7 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
 def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, Qwen3Config, TrainerCallback
+    from transformers import TrainerCallback
     from trl import SFTTrainer
 
     from stages import autotune
@@ -142,14 +138,10 @@ def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
     from stages.recipe import TrainSection
 
     autotune.training_mode()
-    torch.manual_seed(0)
-    config = Qwen3Config(**SHAPES["qwen3-8b"])
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.config.use_cache = False
+    model = new_model("sdpa")
     autotune.apply_settings(model, BEST)
     steps, warmup = 13, 3
-    batch = autotune.packed_batch(4 * steps, 2048, config.vocab_size)
+    batch = autotune.packed_batch(4 * steps, 2048, model.config.vocab_size)
     rows = Dataset.from_dict({k: v.cpu().tolist() for k, v in batch.items()})
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32}, max_steps=steps, micro_batch_size=4, save_steps=10**6)
     plan = {**BEST, "device": "cuda", "dtype": "bfloat16", "grad_accum": 2}
