@@ -8,8 +8,9 @@ with, for each mode, micro-batches (divisors of the global batch) grown while th
 under the memory margin; then regional torch.compile (each decoder layer compiled) of
 every attention implementation that ran, fastest first (compiled, their order can
 change: flex attention gains most); then a fused linear cross-entropy where its library
-is present. Whatever is not reached inside the budget keeps the best found so far. The weights are random: speed does not depend on them,
-and the plan must not depend on the data (editing a row does not re-plan).
+is present. Whatever is not reached inside the budget keeps the best found so far. The
+weights are random: speed does not depend on them, and the plan must not depend on the
+data (editing a row does not re-plan). Steps run under bf16 autocast, as the Trainer's do.
 """
 from __future__ import annotations
 
