@@ -150,6 +150,10 @@ def training_mode() -> None:
 
 def apply_settings(model, s: dict) -> None:
     """Everything in a setting that acts on a built model (the training stage uses this too)."""
+    if s["rocm_fa_library"]:
+        import torch
+
+        torch.backends.cuda.preferred_rocm_fa_library(s["rocm_fa_library"])
     model.set_attn_implementation(s["attn_implementation"])
     apply_checkpointing(model, s["gradient_checkpointing"])
     if s["compile"]:
@@ -183,8 +187,6 @@ def probe(config_dir, recipe, log) -> dict:
 
     def build(setting):
         os.environ.update(rocm_env(setting["rocm_fa_library"]))
-        if setting["rocm_fa_library"]:
-            torch.backends.cuda.preferred_rocm_fa_library(setting["rocm_fa_library"])
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         model.config.use_cache = False

@@ -22,8 +22,6 @@ def trainable_model(ctx, plan: dict):
     import torch
     from transformers import AutoModelForCausalLM
 
-    if plan["rocm_fa_library"]:
-        torch.backends.cuda.preferred_rocm_fa_library(plan["rocm_fa_library"])
     model = AutoModelForCausalLM.from_pretrained(ctx.upstream["base"], dtype=getattr(torch, plan["dtype"]))
     model.config.use_cache = False
     autotune.apply_settings(model, plan)
