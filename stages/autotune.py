@@ -245,7 +245,7 @@ def probe(config_dir, recipe, log) -> dict:
         return result
 
     found = search(measure, attention_candidates({"hip": torch.version.hip}),
-                   t.micro_batch_size * t.grad_accum, deadline, total)
+                   t.global_batch, deadline, total)
     built.update(key=None, model=None)
     torch.cuda.empty_cache()
     torch._dynamo.reset()

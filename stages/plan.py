@@ -73,8 +73,7 @@ def build(ctx, out: Path) -> None:
                 raise UserError("plan: no attention implementation ran a training step on these shapes; "
                                 "see the plan log, check data.max_length and the GPU")
             decisions.update(found["decisions"])
-            global_batch = r.train.micro_batch_size * r.train.grad_accum
-            decisions["grad_accum"] = global_batch // decisions["micro_batch_size"]
+            decisions["grad_accum"] = r.train.global_batch // decisions["micro_batch_size"]
             decisions["env"] = {**decisions["env"], **autotune.rocm_env(decisions["rocm_fa_library"])}
             ctx.log.info("probe chose %s at %.0f tokens/s", found["decisions"], found["tokens_per_s"])
     ctx.run["facts"] = facts

@@ -112,6 +112,11 @@ class TrainSection(Section):
     save_steps: int = Field(25, gt=0)
     seed: int = 0
 
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: the plan may re-split it, never change it."""
+        return self.micro_batch_size * self.grad_accum
+
 
 class HardwareSection(Section):
     profile: Literal["cpu", "h100", "h200", "mi300x", "gfx1100", "gfx1151"] = "cpu"

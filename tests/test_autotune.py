@@ -101,8 +101,8 @@ def test_checkpointing_modes_on_a_real_model(mode, recomputed):
                                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                          head_dim=16))
     model.train()
-    autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None, "gradient_checkpointing": mode,
-                                    "compile": False, "fused_cross_entropy": False})
+    autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
+                                    "gradient_checkpointing": mode, "compile": False, "fused_cross_entropy": False})
     assert sum(layer.gradient_checkpointing for layer in model.model.layers) == recomputed
     ids = torch.randint(0, 64, (2, 16))
     model(input_ids=ids, labels=ids).loss.backward()  # trains in every mode
