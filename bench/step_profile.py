@@ -16,6 +16,14 @@ step, steps timed by a callback):
   trainer             our trainer: the model's own loss
   trainer_trl_loss    the same with TRL's compute_loss (its chunked LM head and metrics)
   trainer_nogc        our trainer with Python's garbage collector off while it trains
+  trainer_log10, trainer_nan_filter_off, trainer_gpu_collate: logging every 10 steps; the
+                      Trainer's per-micro-batch NaN check of the loss (a host sync) off; batches
+                      copied to the GPU without blocking
+  trainer_mb4*        micro-batch 4 (one per step), alone, with the fused loss, or with the above
+  trainer_cudagraphs* the compiled layers under CUDA graphs (mode="reduce-overhead"), marking
+                      each micro-batch a new graph step, keeping gradients allocated
+Each variant runs in its own process; trainer variants also report where the GPU waited
+(gaps between kernels, charged to the host operation running).
 
 Prints, per variant, tokens/s, peak memory, and the share of the step the GPU was busy;
 for the first two, the top kernels by GPU time. Also measures the bf16 matmul peak.
@@ -118,15 +126,56 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
         result.update(found if profile else {"gpu_busy": found["gpu_busy"]})
     except torch.OutOfMemoryError as e:
         result = {"error": str(e).splitlines()[0][:120]}
-    print(name, json.dumps(result, indent=1), flush=True)
-    del model, optimizer
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch._dynamo.reset()
     return result
 
 
-def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
+TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's trainer
+    "trainer": (BEST, {}),
+    "trainer_trl_loss": (BEST, {"trl_loss": True}),
+    "trainer_nogc": (BEST, {"gc_off": True}),
+    "trainer_log10": (BEST, {"logging_steps": 10}),
+    "trainer_mb4": ({**BEST, "micro_batch_size": 4}, {}),
+    "trainer_mb4_ce": ({**BEST, "micro_batch_size": 4, "fused_cross_entropy": True}, {}),
+    "trainer_cudagraphs": (BEST, {"compile_mode": "reduce-overhead"}),
+    "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"compile_mode": "reduce-overhead"}),
+    "trainer_cudagraphs_marked": (BEST, {"compile_mode": "reduce-overhead", "mark_steps": True}),
+    "trainer_cudagraphs_grads": (BEST, {"compile_mode": "reduce-overhead", "mark_steps": True, "grads_kept": True}),
+    "trainer_mb4_cudagraphs_grads": ({**BEST, "micro_batch_size": 4},
+                                     {"compile_mode": "reduce-overhead", "mark_steps": True, "grads_kept": True}),
+    "trainer_nan_filter_off": (BEST, {"nan_filter": False}),
+    "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
+    "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
+}
+
+
+def idle_gaps(prof, least_us: float = 200.0) -> dict:
+    """Where the GPU waits: each gap of at least `least_us` between kernels, charged to the
+    host operations running at its middle (outermost and innermost), summed in ms."""
+    import torch
+
+    events = prof.events()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    outer, inner, total, end = {}, {}, 0.0, None
+    for start, stop in kernels:
+        if end is not None and start - end >= least_us:
+            middle, gap = (start + end) / 2, (start - end) / 1e3
+            total += gap
+            running = [e for e in host if e.time_range.start <= middle <= e.time_range.end]
+            if running:
+                longest = max(running, key=lambda e: e.time_range.end - e.time_range.start)
+                shortest = min(running, key=lambda e: e.time_range.end - e.time_range.start)
+                outer[longest.name[:80]] = outer.get(longest.name[:80], 0) + gap
+                inner[shortest.name[:80]] = inner.get(shortest.name[:80], 0) + gap
+        end = stop if end is None else max(end, stop)
+    top = lambda d: sorted(((k, round(v, 2)) for k, v in d.items()), key=lambda kv: -kv[1])[:12]
+    return {"gaps_ms": round(total, 2), "by_outer": top(outer), "by_inner": top(inner)}
+
+
+def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
+                logging_steps: int = 1, compile_mode: str | None = None, mark_steps: bool = False,
+                gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = True) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -139,15 +188,32 @@ def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
 
     autotune.training_mode()
     model = new_model("sdpa")
-    autotune.apply_settings(model, BEST)
-    steps, warmup = 13, 3
+    autotune.apply_settings(model, {**setting, "compile": setting["compile"] and not compile_mode})
+    if compile_mode:
+        for layer in autotune.decoder_layers(model):
+            layer.compile(mode=compile_mode)
+    steps, warmup, mb = 13, 3, setting["micro_batch_size"]
     batch = autotune.packed_batch(4 * steps, 2048, model.config.vocab_size)
     rows = Dataset.from_dict({k: v.cpu().tolist() for k, v in batch.items()})
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32}, max_steps=steps, micro_batch_size=4, save_steps=10**6)
-    plan = {**BEST, "device": "cuda", "dtype": "bfloat16", "grad_accum": 2}
+    plan = {**setting, "device": "cuda", "dtype": "bfloat16", "grad_accum": 4 // mb}
     trainer = make_trainer(model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
+    trainer.args.logging_steps = logging_steps
     if trl_loss:
         trainer.compute_loss = SFTTrainer.compute_loss.__get__(trainer)
+    if mark_steps:  # each micro-batch a new CUDA graph step
+        training_step = trainer.training_step
+
+        def marked(*args, **kwargs):
+            torch.compiler.cudagraph_mark_step_begin()
+            return training_step(*args, **kwargs)
+        trainer.training_step = marked
+    if gpu_collate:  # batches pinned and copied without blocking the host
+        collate = trainer.data_collator
+        trainer.args.dataloader_pin_memory = False
+        trainer.data_collator = lambda rows: {k: v.pin_memory().to("cuda", non_blocking=True)
+                                              for k, v in collate(rows).items()}
+    trainer.args.logging_nan_inf_filter = nan_filter
     times = []
 
     profiled = {}
@@ -155,6 +221,10 @@ def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
     class Clock(TrainerCallback):
         """Times each step; profiles the next-to-last one."""
         def on_step_begin(self, args, state, control, **kwargs):
+            if grads_kept:  # gradients accumulate into these instead of taking a CUDA graph's output
+                for p in kwargs["model"].parameters():
+                    if p.requires_grad and p.grad is None:
+                        p.grad = torch.zeros_like(p)
             if state.global_step == steps - 2:
                 from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -168,7 +238,8 @@ def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
             times.append(time.perf_counter() - self.start)
             if state.global_step == steps - 1:
                 self.prof.__exit__(None, None, None)
-                profiled.update(busy_and_top(self.prof, times[-1]))
+                profiled["gpu_busy"] = busy_and_top(self.prof, times[-1])["gpu_busy"]
+                profiled.update(idle_gaps(self.prof))
 
     trainer.add_callback(Clock())
     torch.cuda.reset_peak_memory_stats()
@@ -176,32 +247,44 @@ def run_trainer(name: str, trl_loss: bool, gc_off: bool = False) -> dict:
         gc.collect()
         gc.freeze()
         gc.disable()
-    trainer.train()
-    gc.enable()
-    gc.unfreeze()
+    try:
+        trainer.train()
+    except Exception as e:  # OOM, a compile mode that cannot run this graph: recorded
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     seconds = sum(times[warmup:]) / (steps - warmup)
-    result = {"tokens_per_s": round(4 * 2048 / seconds, 1), "step_seconds": round(seconds, 4),
-              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), **profiled}
-    print(name, json.dumps(result), flush=True)
-    del trainer, model
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch._dynamo.reset()
-    return result
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"tokens_per_s": round(4 * 2048 / seconds, 1), "step_seconds": round(seconds, 4),
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "last_loss": losses[-1], **profiled}
+
+
+def run_one(name: str, first: bool) -> dict:
+    if name in TRAINER_VARIANTS:
+        setting, options = TRAINER_VARIANTS[name]
+        return run_trainer(name, setting, **options)
+    return run(name, *VARIANTS[name], profile=first)
 
 
 def main() -> None:
+    import subprocess
+
     ap = argparse.ArgumentParser()
-    ap.add_argument("variants", nargs="*", default=[*VARIANTS, "trainer", "trainer_trl_loss"])
+    ap.add_argument("variants", nargs="*", default=[*VARIANTS, *TRAINER_VARIANTS])
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "step_profile.json"))
+    ap.add_argument("--one", action="store_true", help="(internal) run one variant in this process")
     a = ap.parse_args()
+    if a.one:  # a child: one variant, its result as the last line
+        print(json.dumps(run_one(a.variants[0], a.variants[1] == "first")), flush=True)
+        return
     results = {"matmul_peak_tflops": round(matmul_peak_tflops(), 1)}
     print("bf16 matmul peak", results["matmul_peak_tflops"], "TFLOP/s", flush=True)
     for i, name in enumerate(a.variants):
-        if name.startswith("trainer"):
-            results[name] = run_trainer(name, trl_loss=name == "trainer_trl_loss", gc_off=name.endswith("nogc"))
-        else:
-            results[name] = run(name, *VARIANTS[name], profile=i <= 1)
+        # each variant in a process of its own: compiled graphs, CUDA graph pools and Liger's
+        # patches must not carry over into the next one
+        child = subprocess.run([sys.executable, __file__, "--one", name, "first" if i <= 1 else "-"],
+                               stdout=subprocess.PIPE, text=True)
+        lines = child.stdout.strip().splitlines()
+        results[name] = json.loads(lines[-1]) if child.returncode == 0 and lines else {"error": f"exit {child.returncode}"}
+        print(name, json.dumps(results[name]), flush=True)
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
 
 
