@@ -7,7 +7,8 @@ implementation; activation checkpointing (off / selective: every other layer / f
 with, for each mode, micro-batches (divisors of the global batch) grown while they fit
 under the memory margin; then regional torch.compile (each decoder layer compiled) of
 every attention implementation that ran, fastest first (compiled, their order can
-change: flex attention gains most); then a fused linear cross-entropy where its library
+change: flex attention gains most), and, compiled, micro-batches grown again (fused
+kernels hold fewer activations); then a fused linear cross-entropy where its library
 is present. Whatever is not reached inside the budget keeps the best found so far. The
 weights are random: speed does not depend on them, and the plan must not depend on the
 data (editing a row does not re-plan). Steps run under bf16 autocast, as the Trainer's do.
@@ -88,6 +89,14 @@ def search(measure, attention: list[dict], global_batch: int, deadline: float, t
         result = run(setting)
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > max(best_speed, uncompiled * 1.03):
             best, best_speed = setting, result["tokens_per_s"]
+    if best["compile"]:  # compiled layers hold fewer activations: a micro-batch too large before may fit now
+        for mb in (m for m in micro_batches(global_batch) if m > best["micro_batch_size"]):
+            setting = {**best, "micro_batch_size": mb}
+            result = run(setting)
+            if result is None or result["peak_bytes"] > limit:
+                break
+            if result["tokens_per_s"] > best_speed:
+                best, best_speed = setting, result["tokens_per_s"]
     if fused_cross_entropy_available():
         result = run({**best, "fused_cross_entropy": True})
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > best_speed * 1.03:
@@ -203,6 +212,8 @@ def probe(config_dir, recipe, log) -> dict:
     def model_for(setting):
         key = tuple(setting[k] for k in ("attn_implementation", "sdpa_backend", "rocm_fa_library",
                                           "compile", "fused_cross_entropy"))
+        if setting["compile"]:  # a fresh compile per micro-batch: static shapes, as training compiles them
+            key += (setting["micro_batch_size"],)
         if built["key"] != key:
             built.update(key=None, model=None)
             torch.cuda.empty_cache()

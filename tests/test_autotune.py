@@ -41,15 +41,15 @@ def test_mi300x_env_block_turns_off_tuning_during_training(tmp_path):
     assert plan.env_block(REPO, "gfx1100")["PYTORCH_TUNABLEOP_ENABLED"] == "0"
 
 
-def table_measure(speeds: dict, memory: dict, calls: list):
+def table_measure(speeds: dict, memory: dict, calls: list, compiled_memory: float = 1.0):
     """A device described by a table: tokens/s per (attention, checkpointing), memory per
-    micro-batch token; a setting over 80 GiB fails as an out-of-memory would."""
+    micro-batch (times compiled_memory when compiled); over 80 GiB fails as an out-of-memory would."""
     def measure(s):
         calls.append(s)
         key = (s["sdpa_backend"] or s["attn_implementation"], s["rocm_fa_library"])
         if key not in speeds:
             return {"error": "RuntimeError: No available kernel"}
-        peak = memory[s["gradient_checkpointing"]] * s["micro_batch_size"]
+        peak = memory[s["gradient_checkpointing"]] * s["micro_batch_size"] * (compiled_memory if s["compile"] else 1)
         if peak > 80 * GiB:
             return {"error": "OutOfMemoryError: CUDA out of memory"}
         ckpt = {"off": 1.3, "selective": 1.15, "full": 1.0}[s["gradient_checkpointing"]]
@@ -77,6 +77,21 @@ def test_search_on_a_faked_mi300x_picks_ck_and_the_largest_batch_that_fits():
     compiled = [m for m in found["measurements"] if m["compile"] and "error" not in m]
     assert len(compiled) == 3  # each attention implementation that ran is tried compiled
     assert any(m.get("error", "").startswith("RuntimeError") for m in found["measurements"])  # flex, recorded
+
+
+def test_search_grows_the_micro_batch_again_once_compiled_layers_hold_less():
+    calls = []
+    speeds = {("flash_attention", None): 1000.0}
+    memory = {"off": 30 * GiB, "selective": 30 * GiB, "full": 30 * GiB}
+    found = autotune.search(table_measure(speeds, memory, calls, compiled_memory=0.6),
+                            autotune.attention_candidates(CUDA), global_batch=4,
+                            deadline=time.monotonic() + 60, total_memory=80 * GiB)
+    d = found["decisions"]
+    # uncompiled, micro-batch 4 needs 120 GiB and 2 is the largest under 72 (90% of 80);
+    # compiled, 4 needs 72 GiB: it fits, is faster, and is chosen
+    assert (d["compile"], d["micro_batch_size"], d["gradient_checkpointing"]) == (True, 4, "off")
+    assert not any(m["micro_batch_size"] == 4 and "error" not in m and not m["compile"]
+                   for m in found["measurements"])
 
 
 def test_search_keeps_safe_settings_when_the_budget_is_spent():
