@@ -180,7 +180,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     return result
 
 
-CONFIGS = ("trl_default", "trl_packed", "trl_flex", "ours", "ours_safe")
+CONFIGS = ("ours", "ours_safe", "trl_flex", "trl_packed", "trl_default")  # slowest last: a run cut short keeps most
 
 
 def run_one(name: str, work: Path) -> dict:
@@ -227,11 +227,14 @@ def main() -> None:
         name, work = sys.argv[2], Path(sys.argv[3])
         (work / f"{name}.json").write_text(json.dumps(run_one(name, work)))
         return
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bench" / "results" / "train_speed.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp())
     results = {}
     for name in CONFIGS:
         subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True)
         results[name] = json.loads((work / f"{name}.json").read_text())
+        out.write_text(json.dumps({"finished": list(results), "results": results}, indent=1) + "\n")  # a run cut short keeps these
     found = results["ours"].pop("found")
     shape = SHAPES["qwen3-8b"]
     peak = matmul_peak_tflops()
@@ -240,7 +243,8 @@ def main() -> None:
     print(f"\nQwen3-8B shape, LoRA r16, seq {MAX_LENGTH}, batch {BATCH}, {STEPS} steps ({WARMUP} untimed); "
           f"MFU: {flops / 1e9:.1f} GFLOP/token over the measured bf16 matmul peak, {peak:.0f} TFLOP/s")
     print(f"{'':12} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9} {'vs best TRL':>12}")
-    for name, r in results.items():
+    for name in ("trl_default", "trl_packed", "trl_flex", "ours", "ours_safe"):
+        r = results[name]
         r["mfu"] = round(r["tokens_per_s"] * flops / (peak * 1e12), 4)
         r["vs_best_trl"] = round(r["tokens_per_s"] / results[best_trl]["tokens_per_s"], 2)
         print(f"{name:12} {r['tokens_per_s']:>9.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f} {r['vs_best_trl']:>11}x")
@@ -249,10 +253,6 @@ def main() -> None:
     print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
           f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
-    out = REPO / "bench" / "results" / "train_speed.json"
-    if len(sys.argv) > 1:
-        out = Path(sys.argv[1])
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
                                "warmup": WARMUP, "flops_per_token": flops, "matmul_peak_tflops": round(peak, 1),
                                "best_trl": best_trl, "ours_decisions": found["decisions"],
