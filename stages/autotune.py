@@ -73,16 +73,22 @@ def search(measure, attention: list[dict], global_batch: int, deadline: float, t
     if best is None:
         return {"decisions": None, "measurements": tried}
     limit = total_memory * (1 - MEMORY_MARGIN)
-    for mode in ("off", "selective", "full"):
-        for mb in micro_batches(global_batch):
-            setting = {**best, "gradient_checkpointing": mode, "micro_batch_size": mb}
+
+    def grow(base: dict, sizes: list[int]) -> None:
+        """Micro-batches of `base`, smallest first, while they fit; the fastest becomes best."""
+        nonlocal best, best_speed
+        for mb in sizes:
+            setting = {**base, "micro_batch_size": mb}
             if setting == best:
                 continue
             result = run(setting)
             if result is None or result["peak_bytes"] > limit:
-                break  # larger micro-batches of this mode do not fit (or time is up)
+                break  # larger micro-batches do not fit either (or time is up)
             if result["tokens_per_s"] > best_speed:
                 best, best_speed = setting, result["tokens_per_s"]
+
+    for mode in ("off", "selective", "full"):
+        grow({**best, "gradient_checkpointing": mode}, micro_batches(global_batch))
     uncompiled = best_speed
     for _, candidate in sorted(ran, key=lambda r: -r[0]):  # compiled kernels can reorder the attention
         setting = {**best, **candidate, "compile": True}   # choices: compile each one that ran
@@ -90,13 +96,7 @@ def search(measure, attention: list[dict], global_batch: int, deadline: float, t
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > max(best_speed, uncompiled * 1.03):
             best, best_speed = setting, result["tokens_per_s"]
     if best["compile"]:  # compiled layers hold fewer activations: a micro-batch too large before may fit now
-        for mb in (m for m in micro_batches(global_batch) if m > best["micro_batch_size"]):
-            setting = {**best, "micro_batch_size": mb}
-            result = run(setting)
-            if result is None or result["peak_bytes"] > limit:
-                break
-            if result["tokens_per_s"] > best_speed:
-                best, best_speed = setting, result["tokens_per_s"]
+        grow(best, [m for m in micro_batches(global_batch) if m > best["micro_batch_size"]])
     if fused_cross_entropy_available():
         result = run({**best, "fused_cross_entropy": True})
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > best_speed * 1.03:
