@@ -5,7 +5,7 @@ says, micro-batches of packed sequences of data.max_length), inside a time budge
 Candidates are tried in stages, each keeping the winner of the last: attention
 implementation; activation checkpointing (off / selective: every other layer / full)
 with, for each mode, micro-batches (divisors of the global batch) grown while they fit
-under the memory margin; then regional torch.compile (each decoder layer compiled) of
+under the memory margin; then regional torch.compile (each decoder layer, and the loss) of
 every attention implementation that ran, fastest first (compiled, their order can
 change: flex attention gains most), and, compiled, micro-batches grown again (fused
 kernels hold fewer activations); then a fused linear cross-entropy where its library
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from contextlib import nullcontext
 
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
 DOCUMENT_MEDIAN = 450  # tokens: packed sequences are cut into documents of lognormal length
@@ -143,9 +142,21 @@ def decoder_layers(model) -> list:
 
 
 def compile_regions(model) -> None:
-    """Regional compilation: each decoder layer compiled (one graph, reused by all layers)."""
+    """Regional compilation: each decoder layer compiled (one graph, reused by all layers),
+    and the loss: eager, it copies the logits to fp32, keeps fp32 log-probabilities for the
+    backward and writes an fp32 gradient, each the size of the logits (4 x 2048 tokens of
+    a 152k vocabulary: 5 GB apiece); compiled, the upcast, softmax and gather are fused."""
+    import torch
+
     for layer in decoder_layers(model):
         layer.compile()
+    base = without_peft(model)
+    base.loss_function = torch.compile(base.loss_function)
+
+
+def without_peft(model):
+    """The transformers model under a PEFT wrapper (itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def training_mode() -> None:
@@ -170,11 +181,10 @@ def apply_settings(model, s: dict) -> None:
     if s["fused_cross_entropy"]:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PEFT wrapper
         # the fused loss only, bound to this instance: Liger's rope, RMSNorm and SwiGLU switches
         # (on by default) patch transformers' module for the whole process, so every model built
         # after this probe candidate would run them, compiled regions included
-        _apply_liger_kernel_to_instance(model=base, fused_linear_cross_entropy=True, cross_entropy=False,
+        _apply_liger_kernel_to_instance(model=without_peft(model), fused_linear_cross_entropy=True, cross_entropy=False,
                                         rope=False, rms_norm=False, swiglu=False)
 
 
@@ -183,10 +193,10 @@ def probe(config_dir, recipe, log) -> dict:
     import os
 
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from peft.helpers import disable_input_dtype_casting
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from stages.checkpoint import lora_config
+    from stages.checkpoint import lora_config, sdpa_backend
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)
@@ -228,9 +238,8 @@ def probe(config_dir, recipe, log) -> dict:
             model = model_for(setting)
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
             batch = packed_batch(setting["micro_batch_size"], length, config.vocab_size)
-            backend = setting["sdpa_backend"]
-            context = sdpa_kernel(getattr(SDPBackend, backend.upper())) if backend else nullcontext()
-            with context:
+            # as training runs: the plan's SDPA backend, LoRA inputs left in bf16 under autocast
+            with sdpa_backend(setting["sdpa_backend"]), disable_input_dtype_casting(model):
                 times = []
                 for _ in range(3):  # the first step warms up (and compiles); the next two are timed
                     torch.cuda.synchronize()

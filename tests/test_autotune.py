@@ -122,3 +122,39 @@ def test_checkpointing_modes_on_a_real_model(mode, recomputed):
     ids = torch.randint(0, 64, (2, 16))
     model(input_ids=ids, labels=ids).loss.backward()  # trains in every mode
     assert model.model.layers[0].mlp.up_proj.weight.grad is not None
+
+
+def test_compiled_regions_train_as_eager_does_loss_included():
+    """compile: the decoder layers and the loss compiled give the eager loss and gradients
+    (the loss's label shift, ignored labels and sum-over-items normalization kept)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from stages.checkpoint import lora_config
+    from stages.recipe import TrainSection
+
+    def loss_and_grads(compile: bool):
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                             head_dim=16))
+        model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 4, "alpha": 8})))
+        model.train()
+        autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
+                                        "gradient_checkpointing": "off", "compile": compile,
+                                        "fused_cross_entropy": False})
+        ids = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(1))
+        labels = ids.clone()
+        labels[:, :10] = -100  # loss on the completion only
+        loss = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(27)).loss
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        assert hasattr(autotune.without_peft(model).loss_function, "_torchdynamo_orig_callable") == compile
+        return loss.detach(), grads
+
+    eager_loss, eager_grads = loss_and_grads(False)
+    compiled_loss, compiled_grads = loss_and_grads(True)
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
