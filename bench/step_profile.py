@@ -19,7 +19,9 @@ step, steps timed by a callback):
   trainer_log10, trainer_nan_filter, trainer_gpu_collate: logging every 10 steps; the
                       Trainer's per-micro-batch NaN check of the loss (a host sync) back on, as
                       the Trainer defaults; batches copied to the GPU without blocking
-  trainer_mb4*        micro-batch 4 (one per step), alone, with the fused loss, or with the above
+  trainer_mb4*        micro-batch 4 (one per step), alone, with the fused loss, with the loss
+                      left eager (not compiled with the layers), with PEFT's cast of LoRA
+                      inputs to fp32 back on, or with the above
   trainer_cudagraphs* the compiled layers under CUDA graphs (mode="reduce-overhead"), marking
                       each micro-batch a new graph step, keeping gradients allocated
 Each variant runs in its own process; trainer variants also report where the GPU waited
@@ -37,6 +39,7 @@ import gc
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,6 +139,8 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_log10": (BEST, {"logging_steps": 10}),
     "trainer_mb4": ({**BEST, "micro_batch_size": 4}, {}),
     "trainer_mb4_ce": ({**BEST, "micro_batch_size": 4, "fused_cross_entropy": True}, {}),
+    "trainer_mb4_eager_loss": ({**BEST, "micro_batch_size": 4}, {"eager_loss": True}),
+    "trainer_mb4_input_cast": ({**BEST, "micro_batch_size": 4}, {"input_cast": True}),
     "trainer_cudagraphs": (BEST, {"compile_mode": "reduce-overhead"}),
     "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"compile_mode": "reduce-overhead"}),
     "trainer_cudagraphs_marked": (BEST, {"compile_mode": "reduce-overhead", "mark_steps": True}),
@@ -175,7 +180,8 @@ def idle_gaps(prof, least_us: float = 200.0) -> dict:
 
 def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
                 logging_steps: int = 1, compile_mode: str | None = None, mark_steps: bool = False,
-                gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False) -> dict:
+                gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
+                eager_loss: bool = False, input_cast: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -183,7 +189,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
 
     from stages import autotune
     from stages.base import char_tokenizer
-    from stages.checkpoint import make_trainer
+    from stages.checkpoint import make_trainer, training_context
     from stages.recipe import TrainSection
 
     autotune.training_mode()
@@ -192,6 +198,10 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     if compile_mode:
         for layer in autotune.decoder_layers(model):
             layer.compile(mode=compile_mode)
+    if eager_loss:  # the loss as transformers runs it, not compiled with the layers
+        from transformers.loss.loss_utils import LOSS_MAPPING
+
+        model.loss_function = LOSS_MAPPING["ForCausalLM"]
     steps, warmup, mb = 13, 3, setting["micro_batch_size"]
     batch = autotune.packed_batch(4 * steps, 2048, model.config.vocab_size)
     rows = Dataset.from_dict({k: v.cpu().tolist() for k, v in batch.items()})
@@ -248,8 +258,9 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         gc.collect()
         gc.freeze()
         gc.disable()
-    try:
-        trainer.train()
+    try:  # as the checkpoint stage trains (BEST names no SDPA backend: input_cast leaves PEFT's cast on)
+        with nullcontext() if input_cast else training_context(trainer, plan):
+            trainer.train()
     except Exception as e:  # OOM, a compile mode that cannot run this graph: recorded
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     seconds = sum(times[warmup:]) / (steps - warmup)
