@@ -91,25 +91,29 @@ def main() -> None:
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": a.budget}})
     peak = matmul_peak_tflops()
     found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
-    flops = flops_per_token(SHAPES[a.shape], a.peft)
-    print(f"\n{a.shape} {a.peft} seq {a.max_length} global batch {a.global_batch}, budget {a.budget:.0f} s")
-    print(f"{'attention':34} {'ckpt':9} {'mb':>3} {'compile':>7} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9}")
-    for m in found["measurements"]:
-        attn = f"{m['attn_implementation']}/{m['sdpa_backend'] or '-'}"
-        if "error" in m:
-            print(f"{attn:34} {m['gradient_checkpointing']:9} {m['micro_batch_size']:>3} {m['compile']!s:>7}  "
-                  f"{m['error'][:60]}")
-            continue
-        m["mfu"] = round(m["tokens_per_s"] * flops / (peak * 1e12), 4)
-        print(f"{attn:34} {m['gradient_checkpointing']:9} {m['micro_batch_size']:>3} {m['compile']!s:>7} "
-              f"{m['tokens_per_s']:>9.0f} {m['mfu']:>6.1%} {m['peak_bytes'] / 2**30:>9.1f}")
-    print("decisions:", json.dumps(found["decisions"]))
     out = Path(a.out or REPO / "bench" / "results" / f"autotune_{a.shape}_{a.peft}_{a.max_length}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"shape": a.shape, "peft": a.peft, "max_length": a.max_length,
-                               "global_batch": a.global_batch, "budget_seconds": a.budget,
-                               "flops_per_token": flops, "matmul_peak_tflops": round(peak, 1), **found},
-                              indent=1) + "\n")
+    result = {"shape": a.shape, "peft": a.peft, "max_length": a.max_length, "global_batch": a.global_batch,
+              "budget_seconds": a.budget, "flops_per_token": flops_per_token(SHAPES[a.shape], a.peft),
+              "matmul_peak_tflops": round(peak, 1), **found}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print_table(result)
+
+
+def print_table(r: dict) -> None:
+    """The probe's measurements as a table (`python -c` over a results file prints it again)."""
+    print(f"\n{r['shape']} {r['peft']} seq {r['max_length']} global batch {r['global_batch']}, "
+          f"budget {r['budget_seconds']:.0f} s")
+    print(f"{'attention':34} {'ckpt':9} {'mb':>3} {'compile':>7} {'fusedCE':>7} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9}")
+    for m in r["measurements"]:
+        row = (f"{m['attn_implementation'] + '/' + (m['sdpa_backend'] or '-'):34} {m['gradient_checkpointing']:9} "
+               f"{m['micro_batch_size']:>3} {m['compile']!s:>7} {m['fused_cross_entropy']!s:>7}")
+        if "error" in m:
+            print(f"{row}  {m['error'][:60]}")
+            continue
+        mfu = m["tokens_per_s"] * r["flops_per_token"] / (r["matmul_peak_tflops"] * 1e12)
+        print(f"{row} {m['tokens_per_s']:>9.0f} {mfu:>6.1%} {m['peak_bytes'] / 2**30:>9.1f}")
+    print("decisions:", json.dumps(r["decisions"]))
 
 
 if __name__ == "__main__":
