@@ -20,7 +20,7 @@ says which terms count), over the bf16 matmul peak measured on this GPU in this 
 Loss check: ours vs ours_safe on the first 20 steps (same batches), max |difference|.
 Each configuration runs in a fresh process (run_one says why); the table comes at the end.
 
-    python bench/train_speed.py [out.json]
+    python bench/train_speed.py [out.json [--work DIR]]
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     from datasets import Dataset
 
     from stages import autotune
-    from stages.checkpoint import make_trainer, sdpa_backend
+    from stages.checkpoint import make_trainer, training_context
     from stages.recipe import TrainSection
 
     torch.cuda.reset_peak_memory_stats()
@@ -171,7 +171,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     counts, times = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
     trainer.add_callback(meter(counts, times))
-    with sdpa_backend(decisions["sdpa_backend"]):
+    with training_context(trainer, plan):
         result = finish(name, trainer, counts, times, plan["grad_accum"])
     del trainer, model
     gc.collect()
@@ -229,10 +229,13 @@ def main() -> None:
         return
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bench" / "results" / "train_speed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp())
+    # a run cut short (a time limit) goes on where it stopped: `--work DIR` again, same machine
+    work = Path(sys.argv[3]) if sys.argv[2:3] == ["--work"] else Path(tempfile.mkdtemp())
+    logging.info("work directory %s", work)
     results = {}
     for name in CONFIGS:
-        subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True)
+        if not (work / f"{name}.json").exists():
+            subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True)
         results[name] = json.loads((work / f"{name}.json").read_text())
         out.write_text(json.dumps({"finished": list(results), "results": results}, indent=1) + "\n")  # a run cut short keeps these
     found = results["ours"].pop("found")
