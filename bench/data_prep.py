@@ -15,7 +15,7 @@ Qwen3's own chat template), same sequence length, same number of processes:
 Each runs in its own process; rows/s and tokens/s are counted on rows in, peak RSS comes from
 the kernel (wait4). Prints a table and writes it as JSON under bench/results/.
 
-    python bench/data_prep.py --rows 1000000
+    python bench/data_prep.py --rows 1000000 [--only ours]
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "datasets"
+VARIANTS = ["trl", "ours", "ours_exact_dedupe_only"]
 
 
 def words_corpus() -> list[str]:
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--procs", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "data_prep.json"))
+    ap.add_argument("--only", choices=VARIANTS, nargs="+", default=VARIANTS,
+                    help="a subset (TRL's cache needs more disk than 1M rows leave on this machine)")
     a = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-data-"))
@@ -122,13 +125,15 @@ def main() -> None:
     make_base(work / "base", rows)
     print(f"{a.rows} rows ({rows.stat().st_size / 2**20:.0f} MiB) in {work}", flush=True)
 
-    out, seconds, rss = run_measured([sys.executable, "-c", TRL_CHILD, str(rows), str(work / "base"),
-                                      str(a.max_length), str(a.procs), str(work / "trl")], work)
-    trl = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss}
-
-    results = {"trl": trl}
-    report(a, results)
+    results = {}
+    if "trl" in a.only:
+        out, seconds, rss = run_measured([sys.executable, "-c", TRL_CHILD, str(rows), str(work / "base"),
+                                          str(a.max_length), str(a.procs), str(work / "trl")], work)
+        results["trl"] = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss}
+        report(a, results)
     for name, dedupe in (("ours", {}), ("ours_exact_dedupe_only", {"near_threshold": None})):
+        if name not in a.only:
+            continue
         project = work / name
         subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
         (project / "recipes" / "bench.yaml").write_text(json.dumps({
@@ -148,16 +153,18 @@ def main() -> None:
 def report(a, results: dict) -> None:
     """Print the table and write the JSON; called after each variant, so a run cut short
     still leaves the variants that finished."""
-    trl = results["trl"]
+    trl = results.get("trl")
     table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(), **results}
     for r in results.values():
         r["rows_per_s"] = round(a.rows / r["seconds"], 1)
         r["tokens_per_s"] = round(r["tokens"] / r["seconds"], 1)
     print(f"{'':24} {'rows/s':>10} {'tokens/s':>12} {'seconds':>9} {'peak RSS MiB':>13} {'sequences':>10} {'vs trl':>7}")
     for name, r in results.items():
-        r["vs_trl_rows_per_s"] = round(r["rows_per_s"] / trl["rows_per_s"], 2)
+        if trl:
+            r["vs_trl_rows_per_s"] = round(r["rows_per_s"] / trl["rows_per_s"], 2)
+        vs = f"{r['vs_trl_rows_per_s']}x" if trl else "-"
         print(f"{name:24} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
-              f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {r['vs_trl_rows_per_s']:>6}x", flush=True)
+              f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {vs:>7}", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
 
