@@ -104,7 +104,8 @@ def print_table(r: dict) -> None:
     """The probe's measurements as a table (`python -c` over a results file prints it again)."""
     print(f"\n{r['shape']} {r['peft']} seq {r['max_length']} global batch {r['global_batch']}, "
           f"budget {r['budget_seconds']:.0f} s")
-    print(f"{'attention':34} {'ckpt':9} {'mb':>3} {'compile':>7} {'fusedCE':>7} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9}")
+    print(f"{'attention':34} {'ckpt':9} {'mb':>3} {'compile':>7} {'fusedCE':>7} "
+          f"{'tokens/s':>9} {'MFU':>6} {'peak GiB':>9}")
     for m in r["measurements"]:
         row = (f"{m['attn_implementation'] + '/' + (m['sdpa_backend'] or '-'):34} {m['gradient_checkpointing']:9} "
                f"{m['micro_batch_size']:>3} {m['compile']!s:>7} {m['fused_cross_entropy']!s:>7}")

@@ -184,8 +184,8 @@ def apply_settings(model, s: dict) -> None:
         # the fused loss only, bound to this instance: Liger's rope, RMSNorm and SwiGLU switches
         # (on by default) patch transformers' module for the whole process, so every model built
         # after this probe candidate would run them, compiled regions included
-        _apply_liger_kernel_to_instance(model=without_peft(model), fused_linear_cross_entropy=True, cross_entropy=False,
-                                        rope=False, rms_norm=False, swiglu=False)
+        _apply_liger_kernel_to_instance(model=without_peft(model), fused_linear_cross_entropy=True,
+                                        cross_entropy=False, rope=False, rms_norm=False, swiglu=False)
 
 
 def probe(config_dir, recipe, log) -> dict:
