@@ -160,9 +160,10 @@ def report(a, results: dict) -> None:
         r["tokens_per_s"] = round(r["tokens"] / r["seconds"], 1)
     print(f"{'':24} {'rows/s':>10} {'tokens/s':>12} {'seconds':>9} {'peak RSS MiB':>13} {'sequences':>10} {'vs trl':>7}")
     for name, r in results.items():
+        vs = "-"
         if trl:
             r["vs_trl_rows_per_s"] = round(r["rows_per_s"] / trl["rows_per_s"], 2)
-        vs = f"{r['vs_trl_rows_per_s']}x" if trl else "-"
+            vs = f"{r['vs_trl_rows_per_s']}x"
         print(f"{name:24} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
               f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {vs:>7}", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,7 @@ def busy_and_top(prof, wall: float) -> dict:
 def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) -> dict:
     import torch
     from peft import get_peft_model
+    from peft.helpers import disable_input_dtype_casting
 
     from stages import autotune
     from stages.checkpoint import lora_config
@@ -91,9 +92,6 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
     model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
     model.train()
     autotune.apply_settings(model, setting)
-    for m in model.modules():
-        if hasattr(m, "cast_input_dtype_enabled"):
-            m.cast_input_dtype_enabled = input_cast
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     batch = autotune.packed_batch(setting["micro_batch_size"], 2048, model.config.vocab_size)
     torch.cuda.reset_peak_memory_stats()
@@ -106,29 +104,31 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
         optimizer.zero_grad(set_to_none=True)
 
     result = {}
-    try:
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / 5
-        result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1), "step_seconds": round(seconds, 4),
-                  "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with disable_input_dtype_casting(model, active=not input_cast):  # PEFT's cast of LoRA inputs, or not
+        try:
+            for _ in range(3):
+                step()
             torch.cuda.synchronize()
             start = time.perf_counter()
-            step()
+            for _ in range(5):
+                step()
             torch.cuda.synchronize()
-            wall = time.perf_counter() - start
-        found = busy_and_top(prof, wall)
-        result.update(found if profile else {"gpu_busy": found["gpu_busy"]})
-    except torch.OutOfMemoryError as e:
-        result = {"error": str(e).splitlines()[0][:120]}
+            seconds = (time.perf_counter() - start) / 5
+            result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
+                      "step_seconds": round(seconds, 4),
+                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
+            from torch.profiler import ProfilerActivity, profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                step()
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - start
+            found = busy_and_top(prof, wall)
+            result.update(found if profile else {"gpu_busy": found["gpu_busy"]})
+        except torch.OutOfMemoryError as e:
+            result = {"error": str(e).splitlines()[0][:120]}
     return result
 
 
