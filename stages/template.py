@@ -20,6 +20,7 @@ sentinel: the two texts differ exactly where that turn's own text lies.
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 
@@ -40,8 +41,23 @@ def for_template(messages: list[dict]) -> list[dict]:
     return out
 
 
+TEMPLATE_DATE = datetime.date(2024, 7, 26)  # Llama 3's own date for when no clock is given
+STRFTIME_CALL = re.compile(r"""strftime_now\(\s*(["'])([^"']*)\1\s*\)""")
+
+
+@functools.lru_cache(maxsize=8)
+def dated(chat_template: str) -> str:
+    """The template with each strftime_now("<format>") call replaced by TEMPLATE_DATE in that
+    format. Templates that print today's date (gpt-oss's "Current date", Llama 3.x's "Today
+    Date") would otherwise render, and shard, the same rows differently from day to day.
+    (transformers turns a function passed to the template into a string, so the call itself
+    cannot be swapped.)"""
+    return STRFTIME_CALL.sub(lambda m: repr(TEMPLATE_DATE.strftime(m.group(2))), chat_template)
+
+
 def render(tok, messages: list[dict], generation_prompt: bool = False) -> str:
-    return tok.apply_chat_template(for_template(messages), tokenize=False,
+    chat_template = dated(tok.chat_template) if isinstance(tok.chat_template, str) else tok.chat_template
+    return tok.apply_chat_template(for_template(messages), tokenize=False, chat_template=chat_template,
                                    add_generation_prompt=generation_prompt)
 
 

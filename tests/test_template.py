@@ -135,3 +135,20 @@ def test_rewritten_content_still_gets_exact_masks():
         ("<think>\nhm\n</think>\n\nso<|im_end|>", 1),
         ("\n", 0),
     ])
+
+
+@pytest.mark.parametrize("template_file,specials,printed", [
+    ("gptoss.jinja", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"], "Current date: 2024-07-26"),
+    ("llama3_2.jinja", ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+     "Today Date: 26 Jul 2024")])
+def test_templates_that_print_today_print_a_fixed_date(template_file, specials, printed):
+    """gpt-oss and Llama 3.2 print the date they are rendered on; rendered here they print the
+    same date every day, so shards stay byte-identical from one day to the next."""
+    import datetime
+
+    tok = tokenizer(template_file, specials)
+    text = template.render(tok, CONVERSATION)
+    assert printed in text
+    today = datetime.date.today()
+    if today != template.TEMPLATE_DATE:
+        assert today.strftime("%Y-%m-%d") not in text and today.strftime("%d %b %Y") not in text
