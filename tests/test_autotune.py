@@ -107,14 +107,20 @@ def test_micro_batches_keep_the_global_batch_exact():
     assert autotune.micro_batches(12) == [1, 2, 3, 4, 6, 12]
 
 
+def tiny_qwen3(vocab_size: int):
+    """A two-layer Qwen3: the real architecture, small enough to train and compile on CPU."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=16))
+
+
 @pytest.mark.parametrize("mode, recomputed", [("off", 0), ("selective", 1), ("full", 2)])
 def test_checkpointing_modes_on_a_real_model(mode, recomputed):
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                         head_dim=16))
+    model = tiny_qwen3(vocab_size=64)
     model.train()
     autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
                                     "gradient_checkpointing": mode, "compile": False, "fused_cross_entropy": False})
@@ -129,17 +135,14 @@ def test_compiled_regions_train_as_eager_does_loss_included():
     (the loss's label shift, ignored labels and sum-over-items normalization kept)."""
     import torch
     from peft import get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from stages.checkpoint import lora_config
     from stages.recipe import TrainSection
 
     def loss_and_grads(compile: bool):
         torch.manual_seed(0)
-        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                             head_dim=16))
-        model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 4, "alpha": 8})))
+        lora = lora_config(TrainSection(peft="lora", lora={"r": 4, "alpha": 8}))
+        model = get_peft_model(tiny_qwen3(vocab_size=96), lora)
         model.train()
         autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
                                         "gradient_checkpointing": "off", "compile": compile,

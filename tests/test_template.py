@@ -15,6 +15,7 @@ from stages import template
 from stages.base import char_tokenizer
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"]  # gpt-oss's special tokens
 
 CONVERSATION = [
     {"role": "system", "content": "You answer with a number."},
@@ -82,7 +83,7 @@ def test_qwen3_template_reasoning_block_and_history_rewrite():
 def test_gpt_oss_harmony_channels():
     """Harmony: the model writes the channel names, the analysis (reasoning) and the final answer;
     <|end|> closes an earlier turn and <|return|> the last one."""
-    tok = tokenizer("gptoss.jinja", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"])
+    tok = tokenizer("gptoss.jinja", HARMONY)
     text = template.render(tok, CONVERSATION)
     system_end = text.index("<|start|>user")
     check(tok, CONVERSATION, [
@@ -113,7 +114,7 @@ REWRITTEN = [  # contents Qwen3's template rewrites: the skeleton cannot be used
 
 @pytest.mark.parametrize("template_file,specials", [
     (None, ()), ("qwen3.jinja", ()),
-    ("gptoss.jinja", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"])])
+    ("gptoss.jinja", HARMONY)])
 def test_skeleton_spans_agree_with_sentinel_rendering(template_file, specials):
     """The one-render fast path gives the same spans as re-rendering per turn, and declines
     (None) where the template rewrote a field, so the slow path decides those rows."""
@@ -138,7 +139,7 @@ def test_rewritten_content_still_gets_exact_masks():
 
 
 @pytest.mark.parametrize("template_file,specials,printed", [
-    ("gptoss.jinja", ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"], "Current date: 2024-07-26"),
+    ("gptoss.jinja", HARMONY, "Current date: 2024-07-26"),
     ("llama3_2.jinja", ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
      "Today Date: 26 Jul 2024")])
 def test_templates_that_print_today_print_a_fixed_date(template_file, specials, printed):
