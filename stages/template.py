@@ -27,6 +27,7 @@ import re
 import numpy as np
 
 from stages.errors import UserError
+from stages.word_cache import WordCache
 
 SENTINEL = "\ue000"  # a private-use character: never in real text
 
@@ -185,30 +186,53 @@ def special_ids(tok) -> np.ndarray:
         i for i, t in tok.added_tokens_decoder.items() if t.special}), dtype=np.int64)
 
 
-def loss_mask(ids: np.ndarray, offsets: list[tuple[int, int]], spans: list[tuple[int, int]],
+def loss_mask(ids: np.ndarray, starts: np.ndarray, nonempty: np.ndarray, spans: list[tuple[int, int]],
               special: np.ndarray) -> np.ndarray:
     """1 on tokens that start inside an assistant span, and on the special token that starts
     exactly where a span ends (the turn's end-of-turn token); 0 elsewhere."""
-    start = np.fromiter((a for a, _ in offsets), dtype=np.int64, count=len(offsets))
-    nonempty = np.fromiter((b for _, b in offsets), dtype=np.int64, count=len(offsets)) > start
     is_special = np.isin(ids, special)
     mask = np.zeros(len(ids), dtype=np.uint8)
     for a, b in spans:
-        mask |= ((start >= a) & (start < b) & nonempty) | ((start == b) & is_special)
+        mask |= ((starts >= a) & (starts < b) & nonempty) | ((starts == b) & is_special)
     return mask
 
 
+def encode_by_words(cache, text: str, spans: list[tuple[int, int]], special: np.ndarray):
+    """(ids, mask) from the word cache, or None when a span edge falls inside a word (its
+    tokens could then fall on both sides) or the cache cannot encode the text. Every token
+    of a word starts within the word, so it is masked as the word's start is."""
+    encoded = cache.encode(text)
+    if encoded is None:
+        return None
+    ids, starts, counts = encoded
+    bounds = np.append(starts, len(text))  # where words begin, and the end
+    edges = np.array([edge for span in spans for edge in span], dtype=np.int64)
+    if not np.array_equal(bounds[np.minimum(np.searchsorted(bounds, edges), len(bounds) - 1)], edges):
+        return None
+    return ids, loss_mask(ids, np.repeat(starts, counts), np.ones(len(ids), dtype=bool), spans, special)
+
+
+def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, mask) of each text from one batch call of the Rust tokenizer, masked by its offsets."""
+    out = []
+    for enc, sp in zip(tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False), spans):
+        ids = np.array(enc.ids, dtype=np.int32)
+        starts, ends = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2).T
+        out.append((ids, loss_mask(ids, starts, ends > starts, sp, special)))
+    return out
+
+
 def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(input_ids, loss mask) per conversation; tokenized in one batch call of the Rust
-    tokenizer itself (the same ids as tok(...), without building Python dicts of lists)."""
+    """(input_ids, loss mask) per conversation: through the word cache where it reproduces the
+    tokenizer (stages/word_cache.py), else through the Rust tokenizer."""
     texts = [render(tok, m) for m in conversations]
     spans = []
     for m, t in zip(conversations, texts):
         fast = skeleton_spans(tok, m, t)
         spans.append(fast if fast is not None else assistant_spans(tok, m, t))
-    special = special_ids(tok)
-    out = []
-    for enc, sp in zip(tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False), spans):
-        ids = np.array(enc.ids, dtype=np.int32)
-        out.append((ids, loss_mask(ids, enc.offsets, sp, special)))
+    special, cache = special_ids(tok), WordCache.of(tok)
+    out = [encode_by_words(cache, t, sp, special) if cache else None for t, sp in zip(texts, spans)]
+    rest = [k for k, done in enumerate(out) if done is None]
+    for k, done in zip(rest, encode_with_offsets(tok, [texts[k] for k in rest], [spans[k] for k in rest], special)):
+        out[k] = done
     return out

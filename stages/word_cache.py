@@ -1,0 +1,206 @@
+"""Tokenization with a word cache: the tokenizer's own steps, each distinct word modelled once.
+
+A fast tokenizer splits text at added tokens, normalizes, pre-tokenizes with a regex
+into words, and runs its model (BPE...) on each word on its own, so a text's ids are
+the concatenation of its words' ids. On chat data most words recur, and the Rust
+encode's per-call work (offsets for every token, its own word cache behind a lock)
+costs more than the model: here the split runs with the tokenizer's own pattern
+(`regex`, the module transformers' Python tokenizers used for these same patterns),
+and each word's ids come from the tokenizer's own model the first time it is seen.
+
+Only tokenizers whose pipeline is exactly that are taken (see WordCache.of); for any
+other, or a text that is not NFC where the tokenizer normalizes to NFC, callers use
+the Rust encode. tests/test_word_cache.py holds the two to the same ids.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import random
+import re
+import unicodedata
+from itertools import chain
+
+import numpy as np
+import regex
+
+# tokenizers' ByteLevel pre-tokenizer's own pattern (GPT-2's), used when use_regex is set
+BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+MODELS = ("BPE", "WordLevel")
+POST_PROCESSORS = ("TemplateProcessing", "ByteLevel", "Sequence")  # none of them moves offsets here
+
+
+class WordCache:
+    """Encodes text to (ids, start of each word, tokens per word), as the tokenizer would."""
+
+    def __init__(self, backend, pattern: str | None, byte_level: bool, nfc: bool, added: list[dict]):
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        self.model, self.nfc = backend.model, nfc
+        self.splitter = Splitter(pattern) if pattern else None
+        self.byte_char = bytes_to_unicode() if byte_level else None
+        # the tokenizer finds added tokens in two passes: those matched on the raw text, then
+        # (in what is left) those matched on normalized text; each pass takes the longest match
+        self.added = [alternation([t["content"] for t in added if t["normalized"] == normalized])
+                      for normalized in (False, True)]
+        self.ids: dict[str, tuple[int, ...]] = {t["content"]: (t["id"],) for t in added}
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8)
+    def of(tok) -> WordCache | None:
+        """A cache for this tokenizer if its pipeline is one this module reproduces, else None."""
+        spec = json.loads(tok.backend_tokenizer.to_str())
+        added = spec["added_tokens"]
+        if tok.backend_tokenizer.encode_special_tokens or any(t["lstrip"] or t["rstrip"] or t["single_word"] for t in added):
+            return None
+        normalizer = (spec["normalizer"] or {}).get("type")
+        model = spec["model"]
+        if normalizer not in (None, "NFC") or model["type"] not in MODELS or model.get("dropout"):
+            return None
+        if not post_processor_keeps_offsets(spec["post_processor"]):
+            return None
+        steps = pre_tokenizer_steps(spec["pre_tokenizer"])
+        if steps is None:
+            return None
+        pattern, byte_level = steps
+        try:
+            return WordCache(tok.backend_tokenizer, pattern, byte_level, normalizer == "NFC", added)
+        except regex.error:
+            return None  # a pattern in a regex dialect the regex module does not read
+
+    def word_ids(self, word: str) -> tuple[int, ...]:
+        """The model's ids for one word (first sight; then the cache answers)."""
+        piece = "".join(self.byte_char[b] for b in word.encode()) if self.byte_char else word
+        ids = self.ids[word] = tuple(t.id for t in self.model.tokenize(piece))
+        return ids
+
+    def words(self, text: str) -> list[str] | None:
+        """The text's words: added tokens whole, the rest split by the pre-tokenizer's pattern."""
+        words = []
+        for k, part in enumerate(split(self.added[0], text)):
+            for j, segment in enumerate([part] if k % 2 else split(self.added[1], part)):
+                if k % 2 or j % 2:
+                    words.append(segment)  # an added token
+                elif segment:
+                    found = self.splitter.findall(segment) if self.splitter else [segment]
+                    if "".join(found) != segment:
+                        return None  # the pattern skips characters: a split this module does not reproduce
+                    words += found
+        return words
+
+    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(ids, each word's start offset in characters, tokens per word), or None when the
+        text must go through the tokenizer itself (not NFC where the tokenizer normalizes)."""
+        if self.nfc and not unicodedata.is_normalized("NFC", text):
+            return None
+        words = self.words(text)
+        if words is None:
+            return None
+        cached = self.ids
+        per_word = [cached.get(w) or self.word_ids(w) for w in words]
+        ids = np.fromiter(chain.from_iterable(per_word), dtype=np.int32)
+        counts = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word))
+        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        return ids, np.cumsum(lengths) - lengths, counts
+
+
+# What Unicode classes hold among ASCII characters ("" for none), as the regex module reads them
+ASCII_MEMBERS = {"L": "a-zA-Z", "Lu": "A-Z", "Ll": "a-z", "Lt": "", "Lm": "", "Lo": "", "M": "", "Mn": "",
+                 "Mc": "", "Me": "", "N": "0-9", "Nd": "0-9", "Nl": "", "No": "", "s": "\\t\\n\\x0b\\x0c\\r ",
+                 "d": "0-9"}
+ESCAPE = regex.compile(r"\\p\{(\w+)\}|\\([sdS])|\\.|\[\^?|\]|[^\\\[\]]+")
+
+
+class Splitter:
+    """The pre-tokenizer's pattern, run by the standard `re` module wherever that is exact.
+
+    A translation of the pattern (each Unicode class -> its ASCII members) finds the same
+    words as the pattern, twice as fast, on text whose non-ASCII characters belong to none of
+    the classes the pattern names (nor are letters, whose case rules reach ASCII: the long s,
+    the Kelvin sign): to both, such a character is just "not in any class". Quotes, dashes
+    and currency signs are the usual ones; a text with any other goes to `regex`."""
+
+    def __init__(self, pattern: str):
+        self.original = regex.compile(pattern)
+        self.ascii = ascii_version(pattern) if pattern.isascii() else None
+        named = {m.group(1) or m.group(2) for m in ESCAPE.finditer(pattern)} - {None}
+        classes = "".join({"s": r"\s", "S": r"\s", "d": r"\d"}.get(c, rf"\p{{{c}}}") for c in sorted(named | {"L"}))
+        self.in_a_class = regex.compile(rf"[^\x00-\x7f](?<=[{classes}])")
+
+    def findall(self, text: str) -> list[str]:
+        if self.ascii is not None and (text.isascii() or not self.in_a_class.search(text)):
+            return self.ascii.findall(text)
+        return self.original.findall(text)
+
+
+def ascii_version(pattern: str):
+    """The pattern for the standard `re` module, exact on ASCII-only text. None when the pattern
+    uses something this does not translate, or the two disagree on a sample of ASCII text."""
+    out, in_class = [], False
+    for m in ESCAPE.finditer(pattern):
+        name, short, piece = m.group(1), m.group(2), m.group(0)
+        if name is not None or short in ("s", "d"):
+            members = ASCII_MEMBERS.get(name or short)
+            if members is None:
+                return None
+            piece = members if in_class else (f"[{members}]" if members else "(?!)")
+        elif short == "S":
+            if in_class:
+                return None
+            piece = f"[^{ASCII_MEMBERS['s']}]"
+        elif piece[0] == "\\" and piece[1].isalnum() and piece[1] not in "rntfv":
+            return None  # \w, \b, \x..: classes and anchors that would need their own translation
+        elif piece.startswith("["):
+            in_class = True
+        elif piece == "]":
+            in_class = False
+        out.append(piece)
+    try:
+        translated = re.compile("".join(out))
+    except re.error:
+        return None
+    original, rng = regex.compile(pattern), random.Random(0)
+    alphabet = [chr(c) for c in range(128)] + list("  aAzZ09'sStTdDmMlLrReEvV\n\r") * 4
+    for _ in range(2000):
+        text = "".join(rng.choices(alphabet, k=rng.randint(1, 24)))
+        if translated.findall(text) != original.findall(text):
+            return None
+    return translated
+
+
+def alternation(tokens: list[str]):
+    """A pattern matching any of `tokens`, longest first (None for no tokens)."""
+    longest_first = sorted(tokens, key=lambda t: (-len(t), t))
+    return regex.compile("(" + "|".join(map(regex.escape, longest_first)) + ")") if tokens else None
+
+
+def split(pattern, text: str) -> list[str]:
+    """text around the matches of `pattern`, the matches at odd indices."""
+    return pattern.split(text) if pattern else [text]
+
+
+def post_processor_keeps_offsets(spec: dict | None) -> bool:
+    """Offsets (which loss masks read) are the pre-tokenizer's own: no trimming afterwards."""
+    if spec is None:
+        return True
+    if spec["type"] == "Sequence":
+        return all(post_processor_keeps_offsets(s) for s in spec["processors"])
+    return spec["type"] in POST_PROCESSORS and not (spec["type"] == "ByteLevel" and spec.get("trim_offsets"))
+
+
+def pre_tokenizer_steps(spec: dict | None) -> tuple[str | None, bool] | None:
+    """(split pattern, byte-level?) for the pre-tokenizers this module reproduces: ByteLevel
+    (its own pattern or none), an isolating regex Split, or a Split then a pattern-less ByteLevel."""
+    steps = spec["pretokenizers"] if spec and spec["type"] == "Sequence" else [spec] if spec else []
+    pattern, byte_level = None, False
+    for i, step in enumerate(steps):
+        if step["type"] == "Split" and i == 0 and "Regex" in step["pattern"] \
+                and step["behavior"] == "Isolated" and not step["invert"]:
+            pattern = step["pattern"]["Regex"]
+        elif step["type"] == "ByteLevel" and i == len(steps) - 1 and not step["add_prefix_space"] \
+                and not (step["use_regex"] and pattern):
+            byte_level = True
+            pattern = BYTE_LEVEL_PATTERN if step["use_regex"] else pattern
+        else:
+            return None
+    return pattern, byte_level

@@ -1,0 +1,169 @@
+"""The word cache gives the Rust tokenizer's own ids, and the same loss masks, on every real row
+in ../shared/datasets and on text built to trip it: Unicode classes, case folding, line
+breaks, non-NFC text, added tokens inside words."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trl
+
+from stages import template
+from stages.base import char_tokenizer
+from stages.word_cache import BYTE_LEVEL_PATTERN, WordCache, ascii_version
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+# Qwen2/Qwen3's and gpt-oss's (o200k) pre-tokenizer patterns, as their tokenizer.json files hold them
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+TRICKY = ("é", "É", "³", "½", "Ⅻ", "\u00a0", "\u2028", "\x85", "\u3000", "\u200b", "ſ", "K", "ﬆ", "İ", "ı",
+          "\u0301", "e\u0301", "中文", "😀", "’", "€", "—", "\r\n", "\n\n", "\t", "'s", "'S", "'ll", "'LL",
+          "12345", " ", "  ", "<|im_end|>", "<think>", "a<|im_start|>b", "thinking", "'", "\x1c", "_")
+
+
+def shared_texts() -> list[str]:
+    """Every string in every row of ../shared/datasets."""
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+
+    out = []
+    for path in sorted(SHARED.rglob("*.json*")):
+        raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+        rows = json.loads(raw) if path.suffix == ".json" else [json.loads(line) for line in raw.splitlines()]
+        for row in rows:
+            out += strings(row)
+    return out
+
+
+def fuzz_texts(n: int = 3000) -> list[str]:
+    rng = random.Random(0)
+    pool = list(TRICKY) + ["word", " word", "Word", "x", "7", ".", ",", "!", "?", "\n", " "] * 3
+    return ["".join(rng.choices(pool, k=rng.randint(1, 30))) for _ in range(n)]
+
+
+def byte_level_bpe(pattern: str | None, nfc: bool = False):
+    """A byte-level BPE trained on real text with ChatML and Qwen3's added tokens: with
+    `pattern`, Qwen's layout (regex Split, then a pattern-less ByteLevel, NFC, offsets kept);
+    without, GPT-2's (ByteLevel with its own pattern)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, \
+        processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    if pattern:
+        bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), "isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                              use_regex=False)])
+        bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    else:
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if nfc:
+        bpe.normalizer = normalizers.NFC()
+    bpe.decoder = decoders.ByteLevel()
+    corpus = (shared_texts() or fuzz_texts())[:20000] + fuzz_texts(500)
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=3000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]))
+    bpe.add_tokens([AddedToken("<think>", normalized=False, special=False),
+                    AddedToken("</think>", normalized=False, special=False),
+                    AddedToken("thinking", normalized=True, special=False)])  # added, matched after normalizing
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    return tok
+
+
+TOKENIZERS = {
+    "gpt2_byte_level": lambda: byte_level_bpe(None),
+    "qwen_split_nfc_byte_level": lambda: byte_level_bpe(QWEN_PATTERN, nfc=True),
+    "o200k_split_byte_level": lambda: byte_level_bpe(O200K_PATTERN),
+    "char_level": char_tokenizer,
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TOKENIZERS))
+def tok(request):
+    return TOKENIZERS[request.param]()
+
+
+def test_same_ids_as_the_tokenizer(tok):
+    cache, backend = WordCache.of(tok), tok.backend_tokenizer
+    assert cache is not None
+    texts = shared_texts() + fuzz_texts()
+    assert len(texts) > 3000
+    refused = 0
+    for text in texts:
+        got = cache.encode(text)
+        if got is None:  # only text the tokenizer would first normalize
+            assert cache.nfc and not unicodedata.is_normalized("NFC", text), repr(text)
+            refused += 1
+            continue
+        ids, starts, counts = got
+        want = backend.encode(text, add_special_tokens=False)
+        assert ids.tolist() == want.ids, repr(text)
+        first_tokens = np.cumsum(counts) - counts
+        offsets = want.offsets  # a new list at each access
+        assert [offsets[i][0] for i in first_tokens] == starts.tolist(), repr(text)
+    assert refused < len(texts) / 10
+
+
+def test_same_masks_as_the_tokenizer_offsets(tok):
+    """Chats from the real data (and fuzzed ones) through Qwen3's template: the word cache and
+    the Rust offsets give the same ids and loss masks, row by row."""
+    rng = random.Random(1)
+    texts = shared_texts()[:2000] + fuzz_texts(1000)
+    conversations = []
+    for i in range(0, len(texts) - 4, 4):
+        turn = {"role": "assistant", "content": texts[i + 2]}
+        if i % 8 == 0:
+            turn["reasoning"] = texts[i + 3]
+        conversations.append([{"role": "system", "content": texts[i]}, {"role": "user", "content": texts[i + 1]},
+                              turn, {"role": "user", "content": rng.choice(texts)},
+                              {"role": "assistant", "content": rng.choice(texts)}])
+    special, cache = template.special_ids(tok), WordCache.of(tok)
+    by_words = 0
+    for m in conversations:
+        text = template.render(tok, m)
+        spans = template.skeleton_spans(tok, m, text) or template.assistant_spans(tok, m, text)
+        [(want_ids, want_mask)] = template.encode_with_offsets(tok, [text], [spans], special)
+        got = template.encode_by_words(cache, text, spans, special)
+        if got is not None:
+            by_words += 1
+            assert got[0].tolist() == want_ids.tolist()
+            assert got[1].tolist() == want_mask.tolist(), repr(text)
+    assert by_words > len(conversations) / 2
+
+
+def test_pipelines_it_does_not_reproduce_go_to_the_tokenizer():
+    from tokenizers import AddedToken, pre_tokenizers, processors
+
+    tok = byte_level_bpe(None)
+    tok.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)  # moves offsets
+    assert WordCache.of(tok) is None
+    tok = byte_level_bpe(None)
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    assert WordCache.of(tok) is None
+    tok = byte_level_bpe(None)
+    tok.add_tokens([AddedToken("<tool>", lstrip=True)])
+    assert WordCache.of(tok) is None
+
+
+def test_patterns_translate_to_ascii_where_they_can():
+    for pattern in (BYTE_LEVEL_PATTERN, QWEN_PATTERN, O200K_PATTERN):
+        assert ascii_version(pattern) is not None, pattern
+    assert ascii_version(r"\w+|\s+") is None  # \w differs between re and regex beyond ASCII
+    assert ascii_version(r"[\s\S]") is None
