@@ -10,18 +10,14 @@ the first of a group is kept, on every machine.
 from __future__ import annotations
 
 import functools
-import re
 
 import blake3
 import numpy as np
 
-SPACE = re.compile(r"\s+")
-
-
 def normalized(record: dict) -> str:
     """The record's text for duplicate detection: roles + contents, case and whitespace folded."""
     def fold(text: str) -> str:
-        return SPACE.sub(" ", text).strip().lower()
+        return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
 
     def chat(messages):
         return "\n".join(m["role"] + ":" + fold(m["content"]) for m in messages)
@@ -132,13 +128,14 @@ class NearDuplicates:
             keys = (keys * np.uint64(0x100000001B3)) ^ bands[:, :, k]
         return keys
 
-    def seen(self, i: int, record: dict) -> bool:
+    def seen(self, i: int, record) -> bool:
         """For row i (rows asked in increasing order): True if it is a near copy of a row kept
-        before it; otherwise it is kept. Only rows that share a bucket have their n-grams held."""
+        before it; otherwise it is kept. Only rows that share a bucket have their n-grams held
+        (and only they call `record` for theirs)."""
         bands = np.flatnonzero(self.shared[i])
         if not len(bands):
             return False  # no other row falls in any of its buckets
-        grams = np.unique(shingle_hashes(normalized(record), self.ngram))
+        grams = np.unique(shingle_hashes(normalized(record()), self.ngram))
         buckets = [(int(band), int(self.bucket[i, band])) for band in bands]
         candidates = sorted({j for b in buckets for j in self.members.get(b, ())})
         if any(jaccard(self.kept[j], grams) >= self.threshold for j in candidates):
@@ -180,7 +177,8 @@ class Cleaner:
         self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks) \
             if dedupe.near_threshold else None
 
-    def drop_reason(self, fingerprint: bytes, repetition: float, record: dict) -> str | None:
+    def drop_reason(self, fingerprint: bytes, repetition: float, record) -> str | None:
+        """`record` returns the row's record: read only for rows near dedupe must compare."""
         self.row += 1
         if fingerprint in self.exact:
             return "exact_duplicate"

@@ -116,7 +116,8 @@ def tokenize(tok, kind: str, batch: list[dict]) -> list[dict]:
 
 
 class Writer:
-    """Accepts tokenized documents, applies length rules, and writes shards window by window."""
+    """Accepts tokenized documents (arrays of ids and masks), applies length rules, and writes
+    shards window by window."""
 
     def __init__(self, out: Path, kind: str, data, pad_id: int, dropped: Counter):
         self.out, self.kind, self.data, self.pad_id, self.dropped = out / "train", kind, data, pad_id, dropped
@@ -137,12 +138,13 @@ class Writer:
         if n > L:
             doc = {k: v if isinstance(v, str) else v[:L] for k, v in doc.items()}
             self.counts["truncated_kept"] += 1
-        if self.kind != "prompt" and not np.any(doc["mask"]):
+        loss_tokens = int(doc["mask"].sum()) + int(doc["rejected_mask"].sum() if "rejected_mask" in doc else 0)
+        if self.kind != "prompt" and not loss_tokens:
             self.dropped["no_loss_tokens"] += 1
             return
         self.counts["documents"] += 1
         self.counts["tokens"] += len(doc["ids"])
-        self.counts["loss_tokens"] += int(np.sum(doc["mask"])) + int(np.sum(doc.get("rejected_mask", 0)))
+        self.counts["loss_tokens"] += loss_tokens
         self.window.append(doc)
         if len(self.window) == PACK_WINDOW:
             self.flush()
@@ -159,28 +161,30 @@ class Writer:
         self.window = []
 
     def write_packed(self, path: Path) -> None:
+        """The window's documents in their bins, laid out with numpy in one pass: each token's
+        sequence and column follow from the documents' lengths in bin order."""
         from safetensors.numpy import save_file
 
         L, docs = self.data.max_length, self.window
         bins = pack([len(d["ids"]) for d in docs], L)
-        n = len(bins)
+        n, order = len(bins), [d for members in bins for d in members]
+        length = np.array([len(docs[d]["ids"]) for d in order], dtype=np.int64)
+        sequence = np.repeat(np.arange(n), [len(members) for members in bins])
+        begin = np.cumsum(length) - length  # where each document begins in the bins' concatenation
+        fill = np.bincount(sequence, weights=length, minlength=n).astype(np.int64)
+        column = begin - (np.cumsum(fill) - fill)[sequence]  # where it begins in its sequence
+        ids = np.concatenate([docs[d]["ids"] for d in order]).astype(np.int32)
+        learn = np.concatenate([docs[d]["mask"] for d in order]).astype(bool)
+        within = np.arange(len(ids)) - np.repeat(begin, length)  # position inside its document
+        rows, cols = np.repeat(sequence, length), np.repeat(column, length) + within
         input_ids = np.full((n, L), self.pad_id, dtype=np.int32)
         labels = np.full((n, L), IGNORE, dtype=np.int32)
-        position_ids = np.zeros((n, L), dtype=np.int32)
-        boundaries = []  # (sequence, start, length) of every document
-        for s, members in enumerate(bins):
-            at = 0
-            for d in members:
-                ids = np.array(docs[d]["ids"], dtype=np.int32)
-                k = len(ids)
-                input_ids[s, at: at + k] = ids
-                labels[s, at: at + k] = np.where(np.array(docs[d]["mask"], dtype=bool), ids, IGNORE)
-                position_ids[s, at: at + k] = np.arange(k)
-                boundaries.append((s, at, k))
-                at += k
-            position_ids[s, at:] = np.arange(L - at)  # padding is its own document, with no loss
-        save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
-                   "documents": np.array(boundaries, dtype=np.int32).reshape(-1, 3)},
+        position_ids = (np.arange(L)[None, :] - fill[:, None]).astype(np.int32)  # padding: its own document
+        input_ids[rows, cols] = ids
+        labels[rows, cols] = np.where(learn, ids, IGNORE)
+        position_ids[rows, cols] = within
+        boundaries = np.stack([sequence, column, length], axis=1).astype(np.int32)  # (sequence, start, length)
+        save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "documents": boundaries},
                   str(path), metadata={"max_length": str(L)})
         self.counts["sequences"] += n
 
@@ -309,23 +313,25 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
 
 
 def prepared_rows(part: Path, kind: str):
-    """(cleaning facts, tokenized doc, record) for each row of a prepared source, in order."""
+    """(cleaning facts, split hash, tokenized doc, record as its JSON line) for each row of a
+    prepared source, in order. Lines are parsed only where a record is needed."""
     from safetensors.numpy import load_file
 
     for path in sorted(part.glob("chunk-*.safetensors")):
         a = load_file(str(path))
         with gzip.open(path.with_name(path.name.replace(".safetensors", ".records.jsonl.gz")), "rt") as f:
-            records_ = [json.loads(line) for line in f]
+            lines = f.read().split("\n")[:-1]  # not splitlines(): records may hold U+2028 and the like
         sides = ("ids", "rejected_ids") if kind == "preference" else ("ids",)
-        for i, record in enumerate(records_):
+        offsets = {key: a[f"{key}_offsets"].tolist() for key in sides}
+        fingerprints, repetition, split = a["fingerprint"], a["repetition"].tolist(), a["split"].tolist()
+        for i, line in enumerate(lines):
             doc = {}
             for key in sides:
-                lo, hi = a[f"{key}_offsets"][i], a[f"{key}_offsets"][i + 1]
+                lo, hi = offsets[key][i], offsets[key][i + 1]
                 doc[key], doc[key.replace("ids", "mask")] = a[key][lo:hi], a[key.replace("ids", "mask")][lo:hi]
             if kind == "prompt":
-                doc["reference"] = record["reference"]
-            facts = {"fingerprint": a["fingerprint"][i].tobytes(), "repetition": float(a["repetition"][i])}
-            yield facts, int(a["split"][i]), doc, record
+                doc["reference"] = json.loads(line)["reference"]
+            yield {"fingerprint": fingerprints[i].tobytes(), "repetition": repetition[i]}, split[i], doc, line
 
 
 def build(ctx, out: Path) -> None:
@@ -352,12 +358,12 @@ def build(ctx, out: Path) -> None:
     kept_heldout, cutoff = 0, data.heldout_fraction * 2**32
     with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
         for part in parts:
-            for facts, split, doc, record in prepared_rows(part, kind):
-                reason = cleaner.drop_reason(**facts, record=record)
+            for facts, split, doc, line in prepared_rows(part, kind):
+                reason = cleaner.drop_reason(**facts, record=lambda line=line: json.loads(line))
                 if reason:
                     dropped[reason] += 1
                 elif split < cutoff:
-                    heldout.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+                    heldout.write(line + "\n")  # as written in prepare_source: sorted keys, not ASCII-escaped
                     kept_heldout += 1
                 else:
                     writer.add(doc)

@@ -181,16 +181,19 @@ def skeleton_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int]
 
 
 @functools.lru_cache(maxsize=8)
-def special_ids(tok) -> np.ndarray:
-    return np.array(sorted(set(tok.all_special_ids) | {
-        i for i, t in tok.added_tokens_decoder.items() if t.special}), dtype=np.int64)
+def special_table(tok) -> np.ndarray:
+    """A table over token ids: True for the tokenizer's special tokens."""
+    special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    table = np.zeros(max(tok.get_vocab().values()) + 1, dtype=bool)
+    table[sorted(special)] = True
+    return table
 
 
 def loss_mask(ids: np.ndarray, starts: np.ndarray, nonempty: np.ndarray, spans: list[tuple[int, int]],
               special: np.ndarray) -> np.ndarray:
     """1 on tokens that start inside an assistant span, and on the special token that starts
     exactly where a span ends (the turn's end-of-turn token); 0 elsewhere."""
-    is_special = np.isin(ids, special)
+    is_special = special[ids]
     mask = np.zeros(len(ids), dtype=np.uint8)
     for a, b in spans:
         mask |= ((starts >= a) & (starts < b) & nonempty) | ((starts == b) & is_special)
@@ -230,7 +233,7 @@ def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray,
     for m, t in zip(conversations, texts):
         fast = skeleton_spans(tok, m, t)
         spans.append(fast if fast is not None else assistant_spans(tok, m, t))
-    special, cache = special_ids(tok), WordCache.of(tok)
+    special, cache = special_table(tok), WordCache.of(tok)
     out = [encode_by_words(cache, t, sp, special) if cache else None for t, sp in zip(texts, spans)]
     rest = [k for k, done in enumerate(out) if done is None]
     for k, done in zip(rest, encode_with_offsets(tok, [texts[k] for k in rest], [spans[k] for k in rest], special)):

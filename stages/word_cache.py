@@ -19,7 +19,6 @@ import json
 import random
 import re
 import unicodedata
-from itertools import chain
 
 import numpy as np
 import regex
@@ -31,7 +30,14 @@ POST_PROCESSORS = ("TemplateProcessing", "ByteLevel", "Sequence")  # none of the
 
 
 class WordCache:
-    """Encodes text to (ids, start of each word, tokens per word), as the tokenizer would."""
+    """Encodes text to (ids, start of each word, tokens per word), as the tokenizer would.
+
+    Words are numbered as first seen; a word's number indexes arrays of its length, token
+    count and first position in one flat array of all known words' ids, so a text's ids are
+    one numpy gather. The table is emptied when it reaches MAX_WORDS (memory stays bounded
+    on text with ever-new words: numbers, names, URLs)."""
+
+    MAX_WORDS = 1 << 20
 
     def __init__(self, backend, pattern: str | None, byte_level: bool, nfc: bool, added: list[dict]):
         from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -43,7 +49,15 @@ class WordCache:
         # (in what is left) those matched on normalized text; each pass takes the longest match
         self.added = [alternation([t["content"] for t in added if t["normalized"] == normalized])
                       for normalized in (False, True)]
-        self.ids: dict[str, tuple[int, ...]] = {t["content"]: (t["id"],) for t in added}
+        self.added_ids = {t["content"]: t["id"] for t in added}
+        self.clear()
+
+    def clear(self) -> None:
+        self.number: dict[str, int] = {}
+        self.length, self.count, self.first = (np.zeros(1024, dtype=np.int64) for _ in range(3))
+        self.flat, self.used = np.zeros(4096, dtype=np.int32), 0
+        for content, i in self.added_ids.items():
+            self.learn(content, [i])
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -68,13 +82,35 @@ class WordCache:
         except regex.error:
             return None  # a pattern in a regex dialect the regex module does not read
 
-    def word_ids(self, word: str) -> tuple[int, ...]:
-        """The model's ids for one word (first sight; then the cache answers)."""
-        piece = "".join(self.byte_char[b] for b in word.encode()) if self.byte_char else word
-        ids = self.ids[word] = tuple(t.id for t in self.model.tokenize(piece))
-        return ids
+    def learn(self, word: str, ids: list[int]) -> None:
+        n = len(self.number)
+        if n == len(self.length):
+            self.length, self.count, self.first = (np.concatenate([a, np.zeros_like(a)]) for a in
+                                                   (self.length, self.count, self.first))
+        while self.used + len(ids) > len(self.flat):
+            self.flat = np.concatenate([self.flat, np.zeros_like(self.flat)])
+        self.flat[self.used: self.used + len(ids)] = ids
+        self.length[n], self.count[n], self.first[n] = len(word), len(ids), self.used
+        self.used += len(ids)
+        self.number[word] = n
 
-    def words(self, text: str) -> list[str] | None:
+    def model_ids(self, word: str) -> list[int]:
+        """The model's ids for one word (seen for the first time)."""
+        piece = "".join(self.byte_char[b] for b in word.encode()) if self.byte_char else word
+        return [t.id for t in self.model.tokenize(piece)]
+
+    def numbers(self, words: list[str]) -> np.ndarray:
+        try:
+            return np.fromiter(map(self.number.__getitem__, words), dtype=np.int64, count=len(words))
+        except KeyError:
+            if len(self.number) + len(words) > self.MAX_WORDS:
+                self.clear()
+            for w in dict.fromkeys(words):
+                if w not in self.number:
+                    self.learn(w, self.model_ids(w))
+            return np.fromiter(map(self.number.__getitem__, words), dtype=np.int64, count=len(words))
+
+    def words(self, text: str) -> list[str]:
         """The text's words: added tokens whole, the rest split by the pre-tokenizer's pattern."""
         words = []
         for k, part in enumerate(split(self.added[0], text)):
@@ -82,10 +118,7 @@ class WordCache:
                 if k % 2 or j % 2:
                     words.append(segment)  # an added token
                 elif segment:
-                    found = self.splitter.findall(segment) if self.splitter else [segment]
-                    if "".join(found) != segment:
-                        return None  # the pattern skips characters: a split this module does not reproduce
-                    words += found
+                    words += self.splitter.findall(segment) if self.splitter else [segment]
         return words
 
     def encode(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -93,15 +126,13 @@ class WordCache:
         text must go through the tokenizer itself (not NFC where the tokenizer normalizes)."""
         if self.nfc and not unicodedata.is_normalized("NFC", text):
             return None
-        words = self.words(text)
-        if words is None:
-            return None
-        cached = self.ids
-        per_word = [cached.get(w) or self.word_ids(w) for w in words]
-        ids = np.fromiter(chain.from_iterable(per_word), dtype=np.int32)
-        counts = np.fromiter(map(len, per_word), dtype=np.int64, count=len(per_word))
-        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        return ids, np.cumsum(lengths) - lengths, counts
+        numbers = self.numbers(self.words(text))
+        lengths, counts = self.length[numbers], self.count[numbers]
+        if lengths.sum() != len(text):
+            return None  # the pattern skipped characters: a split this module does not reproduce
+        at = np.cumsum(counts) - counts  # where each word's ids begin in the text's ids
+        positions = np.arange(int(counts.sum())) + np.repeat(self.first[numbers] - at, counts)
+        return self.flat[positions], np.cumsum(lengths) - lengths, counts
 
 
 # What Unicode classes hold among ASCII characters ("" for none), as the regex module reads them

@@ -32,7 +32,7 @@ def clean(records, **dedupe):
     facts = [cleaning.describe(cleaning.normalized(r), rows.answers(r), settings) for r in records]
     signatures = [np.stack([f["signature"] for f in facts])] if settings.near_threshold else []
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None), signatures)
-    return [cleaner.drop_reason(f["fingerprint"], f["repetition"], r) for f, r in zip(facts, records)]
+    return [cleaner.drop_reason(f["fingerprint"], f["repetition"], lambda r=r: r) for f, r in zip(facts, records)]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
@@ -72,4 +72,4 @@ def test_repetition_filter():
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
     for record, reason in ((loop, "repetitive"), (varied, None)):
         facts = cleaning.describe(cleaning.normalized(record), rows.answers(record), settings)
-        assert cleaner.drop_reason(facts["fingerprint"], facts["repetition"], record) == reason
+        assert cleaner.drop_reason(facts["fingerprint"], facts["repetition"], lambda: record) == reason

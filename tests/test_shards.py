@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import SHARED, doit
@@ -165,7 +166,7 @@ def test_length_rules_are_counted(tmp_path, truncation, expect):
     dropped = Counter()
     writer = shards.Writer(tmp_path, "chat", data, 0, dropped)
     for n, learn in [(2, 1), (5, 1), (20, 1), (30, 1), (4, 0)]:
-        writer.add({"ids": list(range(1, n + 1)), "mask": [learn] * n})
+        writer.add({"ids": np.arange(1, n + 1, dtype=np.int32), "mask": np.full(n, learn, dtype=np.uint8)})
     writer.flush()
     assert dict(dropped) == expect["dropped"]
     assert writer.counts["documents"] == expect["documents"]

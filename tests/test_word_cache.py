@@ -134,7 +134,7 @@ def test_same_masks_as_the_tokenizer_offsets(tok):
         conversations.append([{"role": "system", "content": texts[i]}, {"role": "user", "content": texts[i + 1]},
                               turn, {"role": "user", "content": rng.choice(texts)},
                               {"role": "assistant", "content": rng.choice(texts)}])
-    special, cache = template.special_ids(tok), WordCache.of(tok)
+    special, cache = template.special_table(tok), WordCache.of(tok)
     by_words = 0
     for m in conversations:
         text = template.render(tok, m)
