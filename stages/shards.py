@@ -161,30 +161,28 @@ class Writer:
         self.window = []
 
     def write_packed(self, path: Path) -> None:
-        """The window's documents in their bins, laid out with numpy in one pass: each token's
-        sequence and column follow from the documents' lengths in bin order."""
         from safetensors.numpy import save_file
 
         L, docs = self.data.max_length, self.window
         bins = pack([len(d["ids"]) for d in docs], L)
-        n, order = len(bins), [d for members in bins for d in members]
-        length = np.array([len(docs[d]["ids"]) for d in order], dtype=np.int64)
-        sequence = np.repeat(np.arange(n), [len(members) for members in bins])
-        begin = np.cumsum(length) - length  # where each document begins in the bins' concatenation
-        fill = np.bincount(sequence, weights=length, minlength=n).astype(np.int64)
-        column = begin - (np.cumsum(fill) - fill)[sequence]  # where it begins in its sequence
-        ids = np.concatenate([docs[d]["ids"] for d in order]).astype(np.int32)
-        learn = np.concatenate([docs[d]["mask"] for d in order]).astype(bool)
-        within = np.arange(len(ids)) - np.repeat(begin, length)  # position inside its document
-        rows, cols = np.repeat(sequence, length), np.repeat(column, length) + within
+        n = len(bins)
         input_ids = np.full((n, L), self.pad_id, dtype=np.int32)
         labels = np.full((n, L), IGNORE, dtype=np.int32)
-        position_ids = (np.arange(L)[None, :] - fill[:, None]).astype(np.int32)  # padding: its own document
-        input_ids[rows, cols] = ids
-        labels[rows, cols] = np.where(learn, ids, IGNORE)
-        position_ids[rows, cols] = within
-        boundaries = np.stack([sequence, column, length], axis=1).astype(np.int32)  # (sequence, start, length)
-        save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids, "documents": boundaries},
+        position_ids = np.zeros((n, L), dtype=np.int32)
+        boundaries = []  # (sequence, start, length) of every document
+        for s, members in enumerate(bins):
+            at = 0
+            for d in members:
+                ids = np.array(docs[d]["ids"], dtype=np.int32)
+                k = len(ids)
+                input_ids[s, at: at + k] = ids
+                labels[s, at: at + k] = np.where(np.array(docs[d]["mask"], dtype=bool), ids, IGNORE)
+                position_ids[s, at: at + k] = np.arange(k)
+                boundaries.append((s, at, k))
+                at += k
+            position_ids[s, at:] = np.arange(L - at)  # padding is its own document, with no loss
+        save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
+                   "documents": np.array(boundaries, dtype=np.int32).reshape(-1, 3)},
                   str(path), metadata={"max_length": str(L)})
         self.counts["sequences"] += n
 
