@@ -14,13 +14,18 @@ import functools
 import blake3
 import numpy as np
 
+def fold(text: str) -> str:
+    return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
+
+
+def chat_lines(messages: list[dict]) -> list[str]:
+    return [m["role"] + ":" + fold(m["content"]) for m in messages]
+
+
 def normalized(record: dict) -> str:
     """The record's text for duplicate detection: roles + contents, case and whitespace folded."""
-    def fold(text: str) -> str:
-        return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
-
     def chat(messages):
-        return "\n".join(m["role"] + ":" + fold(m["content"]) for m in messages)
+        return "\n".join(chat_lines(messages))
 
     if "messages" in record:
         return chat(record["messages"])
@@ -51,29 +56,34 @@ def _powers_to(n: int) -> tuple[np.ndarray, np.ndarray]:
     return _powers["up"][:n], _powers["down"][:n]
 
 
-def word_hashes(text: str) -> np.ndarray:
+def word_hashes(text: str) -> tuple[np.ndarray, np.ndarray]:
     """A 32-bit hash of each word of `text` (a run of ASCII letters, digits, underscores or
-    non-ASCII characters), all at once with numpy: word = difference of prefix polynomial
-    hashes over the UTF-8 bytes, shifted back to start at PRIME**0, then mixed."""
+    non-ASCII characters) and the byte where it starts, all at once with numpy: word =
+    difference of prefix polynomial hashes over the UTF-8 bytes, shifted back to start at
+    PRIME**0, then mixed."""
     b = np.frombuffer(text.encode(), dtype=np.uint8)
     edges = np.diff(np.concatenate(([0], WORD_BYTE[b], [0])).astype(np.int8))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    if not len(starts):
-        return np.zeros(1, dtype=np.uint64)  # no words: one empty word
     up, down = _powers_to(len(b) + 1)
     prefix = np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(b.astype(np.uint64) * up[: len(b)], dtype=np.uint64)))
     words = (prefix[ends] - prefix[starts]) * down[starts]
-    return (words * MIX) >> np.uint64(32)
+    return (words * MIX) >> np.uint64(32), starts
 
 
-def shingle_hashes(text: str, n: int) -> np.ndarray:
-    """32-bit hashes of the word n-grams of `text`: n-grams combine their words' hashes."""
-    h = word_hashes(text)
+def shingles(h: np.ndarray, n: int) -> np.ndarray:
+    """32-bit hashes of the n-grams of a sequence of word hashes: n-grams combine their words'
+    hashes (fewer than n words: one gram of them all; no words: one empty word)."""
+    if not len(h):
+        h = np.zeros(1, dtype=np.uint64)
     count = max(len(h) - n + 1, 1)
     grams = h[:count].copy()
     for k in range(1, min(n, len(h))):
         grams = (grams * np.uint64(0x9E3779B1) + h[k: k + count]) & np.uint64(0xFFFFFFFF)
     return grams
+
+
+def shingle_hashes(text: str, n: int) -> np.ndarray:
+    return shingles(word_hashes(text)[0], n)
 
 
 SCHEME = "affine32"  # datasketch's hashing scheme, named so stored signatures stay comparable
@@ -86,13 +96,13 @@ def _permutations(num_perm: int):
     return MinHash(num_perm=num_perm, seed=1, scheme=SCHEME).permutations
 
 
-def signature(norm: str, n: int, num_perm: int) -> np.ndarray:
-    """MinHash signature of the word n-grams: a small array, cheap to store and to cache."""
+def signature(grams: np.ndarray, num_perm: int) -> np.ndarray:
+    """MinHash signature of a row's word n-grams: a small array, cheap to store and to cache."""
     from datasketch import MinHash
 
     m = MinHash(num_perm=num_perm, seed=1, scheme=SCHEME, hashfunc=int,  # values are hashes already
                 permutations=_permutations(num_perm))
-    m.update_batch(shingle_hashes(norm, n).tolist())
+    m.update_batch(grams.tolist())
     return m.hashvalues
 
 
@@ -154,16 +164,35 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 def repetition_ratio(texts: list[str], n: int = 3) -> float:
     """Share of word n-grams that repeat an earlier one: 0 for varied text, near 1 for loops."""
-    grams = np.concatenate([shingle_hashes(t.lower(), n) for t in texts if t.strip()] or [np.zeros(0)])
+    return repeated_share([shingle_hashes(fold(t), n) for t in texts if t.strip()])
+
+
+def repeated_share(grams: list[np.ndarray]) -> float:
+    grams = np.concatenate(grams or [np.zeros(0)])
     return 1 - len(np.unique(grams)) / len(grams) if len(grams) > 1 else 0.0
 
 
-def describe(norm: str, answers: list[str], dedupe) -> dict:
+def describe(record: dict, answers: list[str], dedupe) -> dict:
     """What cleaning needs to know of one row (its normalized text and answers), computed once
-    and cached with its tokens."""
-    return {"fingerprint": fingerprint(norm),
-            "signature": signature(norm, dedupe.ngram, dedupe.num_perm) if dedupe.near_threshold else None,
-            "repetition": repetition_ratio(answers)}
+    and cached with its tokens. A chat row's words are hashed once: its answers' words are
+    those of its assistant lines in the normalized text."""
+    chat = "messages" in record
+    lines = chat_lines(record["messages"]) if chat else []
+    norm = "\n".join(lines) if chat else normalized(record)
+    hashes, starts = word_hashes(norm)
+    if chat:
+        edges, at = [], 0  # byte range of each non-blank answer in `norm`
+        for m, line in zip(record["messages"], lines):
+            size = len(line.encode())
+            if m["role"] == "assistant" and m["content"].strip():
+                edges += [at + len(m["role"].encode()) + 1, at + size]
+            at += size + 1
+        bounds = np.searchsorted(starts, edges).reshape(-1, 2)
+        repetition = repeated_share([shingles(hashes[lo:hi], 3) for lo, hi in bounds])
+    else:
+        repetition = repetition_ratio(answers)
+    return {"norm": norm, "fingerprint": fingerprint(norm), "repetition": repetition,
+            "signature": signature(shingles(hashes, dedupe.ngram), dedupe.num_perm) if dedupe.near_threshold else None}
 
 
 class Cleaner:

@@ -222,11 +222,10 @@ def part_inputs(ctx, src, kind: str) -> dict:
 
 def prepare_chunk(chunk: list[dict], kind: str, tok, data) -> dict[str, np.ndarray]:
     """Cleaning facts and tokens of a chunk of rows, as arrays (runs in a worker process)."""
-    norms = [cleaning.normalized(r) for r in chunk]
-    facts = [cleaning.describe(n, rows.answers(r), data.dedupe) for n, r in zip(norms, chunk)]
+    facts = [cleaning.describe(r, rows.answers(r), data.dedupe) for r in chunk]
     arrays = {
         "fingerprint": np.frombuffer(b"".join(f["fingerprint"] for f in facts), dtype=np.uint8).reshape(-1, 16),
-        "split": np.array([split_hash(n, data.seed) for n in norms], dtype=np.uint32),
+        "split": np.array([split_hash(f["norm"], data.seed) for f in facts], dtype=np.uint32),
         "repetition": np.array([f["repetition"] for f in facts], dtype=np.float32),
     }
     if data.dedupe.near_threshold:

@@ -29,7 +29,7 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
-    facts = [cleaning.describe(cleaning.normalized(r), rows.answers(r), settings) for r in records]
+    facts = [cleaning.describe(r, rows.answers(r), settings) for r in records]
     signatures = [np.stack([f["signature"] for f in facts])] if settings.near_threshold else []
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None), signatures)
     return [cleaner.drop_reason(f["fingerprint"], f["repetition"], lambda r=r: r) for f, r in zip(facts, records)]
@@ -71,5 +71,26 @@ def test_repetition_filter():
     settings = DedupeSection(near_threshold=None)
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
     for record, reason in ((loop, "repetitive"), (varied, None)):
-        facts = cleaning.describe(cleaning.normalized(record), rows.answers(record), settings)
+        facts = cleaning.describe(record, rows.answers(record), settings)
         assert cleaner.drop_reason(facts["fingerprint"], facts["repetition"], lambda: record) == reason
+
+
+def test_a_chat_rows_facts_are_those_of_its_own_texts():
+    """describe hashes a chat row's words once and takes its answers' n-grams from the normalized
+    text: the same repetition and signature as computing each from its own text, on real rows
+    and on rows with Unicode whitespace, blank answers and answers without words."""
+    rng = random.Random(0)
+    pieces = [" word", " Word", " cat", " ", "\u3000", "\xa0", "\n", "é", "!!", "12", "_", "\t", "ſ"]
+    records = records_of(GSM8K.read_text().splitlines()[:300]) if GSM8K.is_file() else []
+    for _ in range(300):
+        messages = [{"role": role, "content": "".join(rng.choices(pieces, k=rng.randint(0, 80)))}
+                    for role in rng.choice([["user", "assistant"], ["system", "user", "assistant", "user", "assistant"]])]
+        records.append({"messages": messages})
+    settings = DedupeSection(near_threshold=0.8)
+    for record in records:
+        facts = cleaning.describe(record, rows.answers(record), settings)
+        norm = cleaning.normalized(record)
+        assert facts["norm"] == norm
+        assert facts["repetition"] == cleaning.repetition_ratio(rows.answers(record)), record
+        assert np.array_equal(facts["signature"], cleaning.signature(cleaning.shingle_hashes(norm, settings.ngram),
+                                                                     settings.num_perm))
