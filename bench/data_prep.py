@@ -15,7 +15,7 @@ Qwen3's own chat template), same sequence length, same number of processes:
 Each runs in its own process; rows/s and tokens/s are counted on rows in, peak RSS comes from
 the kernel (wait4). Prints a table and writes it as JSON under bench/results/.
 
-    python bench/data_prep.py --rows 1000000 [--only ours]
+    python bench/data_prep.py --rows 1000000 --trl-rows 300000 [--only trl ours]
 """
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--procs", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "data_prep.json"))
-    ap.add_argument("--only", choices=VARIANTS, nargs="+", default=VARIANTS,
-                    help="a subset (TRL's cache needs more disk than 1M rows leave on this machine)")
+    ap.add_argument("--only", choices=VARIANTS, nargs="+", default=VARIANTS, help="a subset of the variants")
+    ap.add_argument("--trl-rows", type=int, help="TRL on the first N rows only: its datasets cache for 1M rows "
+                    "needs more disk than this machine has free (rates are per row, so they stay comparable)")
     a = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-data-"))
@@ -127,9 +128,15 @@ def main() -> None:
 
     results = {}
     if "trl" in a.only:
-        out, seconds, rss = run_measured([sys.executable, "-c", TRL_CHILD, str(rows), str(work / "base"),
+        trl_rows = rows
+        if a.trl_rows and a.trl_rows < a.rows:
+            trl_rows = work / "trl_rows.jsonl"
+            with open(rows) as f, open(trl_rows, "w") as out:
+                out.writelines(line for _, line in zip(range(a.trl_rows), f))
+        out, seconds, rss = run_measured([sys.executable, "-c", TRL_CHILD, str(trl_rows), str(work / "base"),
                                           str(a.max_length), str(a.procs), str(work / "trl")], work)
-        results["trl"] = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss}
+        results["trl"] = json.loads(out.strip().splitlines()[-1]) | {"wall_seconds": seconds, "peak_rss_mib": rss,
+                                                                     "rows": min(a.trl_rows or a.rows, a.rows)}
         report(a, results)
     for name, dedupe in (("ours", {}), ("ours_exact_dedupe_only", {"near_threshold": None})):
         if name not in a.only:
@@ -156,15 +163,15 @@ def report(a, results: dict) -> None:
     trl = results.get("trl")
     table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(), **results}
     for r in results.values():
-        r["rows_per_s"] = round(a.rows / r["seconds"], 1)
+        r["rows_per_s"] = round(r.get("rows", a.rows) / r["seconds"], 1)
         r["tokens_per_s"] = round(r["tokens"] / r["seconds"], 1)
-    print(f"{'':24} {'rows/s':>10} {'tokens/s':>12} {'seconds':>9} {'peak RSS MiB':>13} {'sequences':>10} {'vs trl':>7}")
+    print(f"{'':24} {'rows':>8} {'rows/s':>8} {'tokens/s':>10} {'seconds':>8} {'peak RSS MiB':>13} {'sequences':>10} {'vs trl':>7}")
     for name, r in results.items():
         vs = "-"
         if trl:
             r["vs_trl_rows_per_s"] = round(r["rows_per_s"] / trl["rows_per_s"], 2)
             vs = f"{r['vs_trl_rows_per_s']}x"
-        print(f"{name:24} {r['rows_per_s']:>10.0f} {r['tokens_per_s']:>12.0f} {r['seconds']:>9.1f} "
+        print(f"{name:24} {r.get('rows', a.rows):>8} {r['rows_per_s']:>8.0f} {r['tokens_per_s']:>10.0f} {r['seconds']:>8.1f} "
               f"{r['peak_rss_mib']:>13} {r['sequences']:>10} {vs:>7}", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(table, indent=1) + "\n")
