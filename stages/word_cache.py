@@ -2,11 +2,12 @@
 
 A fast tokenizer splits text at added tokens, normalizes, pre-tokenizes with a regex
 into words, and runs its model (BPE...) on each word on its own, so a text's ids are
-the concatenation of its words' ids. On chat data most words recur, and the Rust
-encode's per-call work (offsets for every token, its own word cache behind a lock)
-costs more than the model: here the split runs with the tokenizer's own pattern
-(`regex`, the module transformers' Python tokenizers used for these same patterns),
-and each word's ids come from the tokenizer's own model the first time it is seen.
+the concatenation of its words' ids. Most words of a corpus recur, and the Rust encode
+(offsets for every token, its objects handed back to Python) cost about three times what
+this does on chat rows: here the split runs with the tokenizer's own pattern (`regex`,
+the module transformers' Python tokenizers used for these same patterns, or `re` where a
+translation is exact: Splitter), and each word's ids come from the tokenizer's own model
+the first time the word is seen.
 
 Only tokenizers whose pipeline is exactly that are taken (see WordCache.of); for any
 other, or a text that is not NFC where the tokenizer normalizes to NFC, callers use
@@ -65,7 +66,8 @@ class WordCache:
         """A cache for this tokenizer if its pipeline is one this module reproduces, else None."""
         spec = json.loads(tok.backend_tokenizer.to_str())
         added = spec["added_tokens"]
-        if tok.backend_tokenizer.encode_special_tokens or any(t["lstrip"] or t["rstrip"] or t["single_word"] for t in added):
+        if tok.backend_tokenizer.encode_special_tokens or spec["truncation"] or spec["padding"] \
+                or any(t["lstrip"] or t["rstrip"] or t["single_word"] for t in added):
             return None
         normalizer = (spec["normalizer"] or {}).get("type")
         model = spec["model"]

@@ -160,6 +160,9 @@ def test_pipelines_it_does_not_reproduce_go_to_the_tokenizer():
     tok = byte_level_bpe(None)
     tok.add_tokens([AddedToken("<tool>", lstrip=True)])
     assert WordCache.of(tok) is None
+    tok = byte_level_bpe(None)
+    tok.backend_tokenizer.enable_truncation(16)
+    assert WordCache.of(tok) is None
 
 
 def test_patterns_translate_to_ascii_where_they_can():
