@@ -23,6 +23,7 @@ import numpy as np
 
 from stages import cleaning, rows, template
 from stages.errors import UserError
+from stages.word_cache import encode_texts
 
 IGNORE = -100
 PACK_WINDOW = 65536  # documents packed together (and held in memory) at once
@@ -103,16 +104,16 @@ def tokenize(tok, kind: str, batch: list[dict]) -> list[dict]:
     if kind == "chat":
         return [{"ids": ids, "mask": mask} for ids, mask in template.encode_chats(tok, [r["messages"] for r in batch])]
     if kind == "text":
-        enc = tok([r["text"] for r in batch], add_special_tokens=False)["input_ids"]
-        return [{"ids": ids + [tok.eos_token_id], "mask": [1] * (len(ids) + 1)} for ids in enc]
+        enc = encode_texts(tok, [r["text"] for r in batch])
+        return [{"ids": np.append(ids, tok.eos_token_id), "mask": np.ones(len(ids) + 1, dtype=np.uint8)} for ids in enc]
     if kind == "preference":
         chosen = template.encode_chats(tok, [r["prompt"] + r["chosen"] for r in batch])
         rejected = template.encode_chats(tok, [r["prompt"] + r["rejected"] for r in batch])
         return [{"ids": c[0], "mask": c[1], "rejected_ids": r[0], "rejected_mask": r[1]}
                 for c, r in zip(chosen, rejected)]
     prompts = [template.render(tok, r["prompt"], generation_prompt=True) for r in batch]
-    enc = tok(prompts, add_special_tokens=False)["input_ids"]
-    return [{"ids": ids, "mask": [0] * len(ids), "reference": r["reference"]} for ids, r in zip(enc, batch)]
+    return [{"ids": ids, "mask": np.zeros(len(ids), dtype=np.uint8), "reference": r["reference"]}
+            for ids, r in zip(encode_texts(tok, prompts), batch)]
 
 
 class Writer:

@@ -137,6 +137,17 @@ class WordCache:
         return self.flat[positions], np.cumsum(lengths) - lengths, counts
 
 
+def encode_texts(tok, texts: list[str]) -> list[np.ndarray]:
+    """Token ids of each text (no special tokens added): through the word cache where it
+    reproduces the tokenizer, else in one batch call of the Rust tokenizer."""
+    cache = WordCache.of(tok)
+    out = [encoded[0] if cache and (encoded := cache.encode(t)) is not None else None for t in texts]
+    rest = [k for k, ids in enumerate(out) if ids is None]
+    for k, enc in zip(rest, tok.backend_tokenizer.encode_batch([texts[k] for k in rest], add_special_tokens=False)):
+        out[k] = np.array(enc.ids, dtype=np.int32)
+    return out
+
+
 # What Unicode classes hold among ASCII characters ("" for none), as the regex module reads them
 ASCII_MEMBERS = {"L": "a-zA-Z", "Lu": "A-Z", "Ll": "a-z", "Lt": "", "Lm": "", "Lo": "", "M": "", "Mn": "",
                  "Mc": "", "Me": "", "N": "0-9", "Nd": "0-9", "Nl": "", "No": "", "s": "\\t\\n\\x0b\\x0c\\r ",

@@ -15,7 +15,7 @@ import trl
 
 from stages import template
 from stages.base import char_tokenizer
-from stages.word_cache import BYTE_LEVEL_PATTERN, WordCache, ascii_version
+from stages.word_cache import BYTE_LEVEL_PATTERN, WordCache, ascii_version, encode_texts
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 # Qwen2/Qwen3's and gpt-oss's (o200k) pre-tokenizer patterns, as their tokenizer.json files hold them
@@ -119,6 +119,13 @@ def test_same_ids_as_the_tokenizer(tok):
         offsets = want.offsets  # a new list at each access
         assert [offsets[i][0] for i in first_tokens] == starts.tolist(), repr(text)
     assert refused < len(texts) / 10
+
+
+def test_encode_texts_gives_the_tokenizers_ids(tok):
+    """What continued pretraining and GRPO prompts use: the cache where it can, Rust elsewhere."""
+    texts = fuzz_texts(500)
+    want = [enc.ids for enc in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    assert [ids.tolist() for ids in encode_texts(tok, texts)] == want
 
 
 def test_same_masks_as_the_tokenizer_offsets(tok):
