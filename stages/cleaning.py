@@ -14,6 +14,8 @@ import functools
 import blake3
 import numpy as np
 
+from stages import rows
+
 def fold(text: str) -> str:
     return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
 
@@ -172,7 +174,7 @@ def repeated_share(grams: list[np.ndarray]) -> float:
     return 1 - len(np.unique(grams)) / len(grams) if len(grams) > 1 else 0.0
 
 
-def describe(record: dict, answers: list[str], dedupe) -> dict:
+def describe(record: dict, dedupe) -> dict:
     """What cleaning needs to know of one row (its normalized text and answers), computed once
     and cached with its tokens. A chat row's words are hashed once: its answers' words are
     those of its assistant lines in the normalized text."""
@@ -190,7 +192,7 @@ def describe(record: dict, answers: list[str], dedupe) -> dict:
         bounds = np.searchsorted(starts, edges).reshape(-1, 2)
         repetition = repeated_share([shingles(hashes[lo:hi], 3) for lo, hi in bounds])
     else:
-        repetition = repetition_ratio(answers)
+        repetition = repetition_ratio(rows.answers(record))
     return {"norm": norm, "fingerprint": fingerprint(norm), "repetition": repetition,
             "signature": signature(shingles(hashes, dedupe.ngram), dedupe.num_perm) if dedupe.near_threshold else None}
 

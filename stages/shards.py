@@ -223,7 +223,7 @@ def part_inputs(ctx, src, kind: str) -> dict:
 
 def prepare_chunk(chunk: list[dict], kind: str, tok, data) -> dict[str, np.ndarray]:
     """Cleaning facts and tokens of a chunk of rows, as arrays (runs in a worker process)."""
-    facts = [cleaning.describe(r, rows.answers(r), data.dedupe) for r in chunk]
+    facts = [cleaning.describe(r, data.dedupe) for r in chunk]
     arrays = {
         "fingerprint": np.frombuffer(b"".join(f["fingerprint"] for f in facts), dtype=np.uint8).reshape(-1, 16),
         "split": np.array([split_hash(f["norm"], data.seed) for f in facts], dtype=np.uint32),

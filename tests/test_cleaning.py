@@ -29,7 +29,7 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
-    facts = [cleaning.describe(r, rows.answers(r), settings) for r in records]
+    facts = [cleaning.describe(r, settings) for r in records]
     signatures = [np.stack([f["signature"] for f in facts])] if settings.near_threshold else []
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None), signatures)
     return [cleaner.drop_reason(f["fingerprint"], f["repetition"], lambda r=r: r) for f, r in zip(facts, records)]
@@ -71,7 +71,7 @@ def test_repetition_filter():
     settings = DedupeSection(near_threshold=None)
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
     for record, reason in ((loop, "repetitive"), (varied, None)):
-        facts = cleaning.describe(record, rows.answers(record), settings)
+        facts = cleaning.describe(record, settings)
         assert cleaner.drop_reason(facts["fingerprint"], facts["repetition"], lambda: record) == reason
 
 
@@ -88,7 +88,7 @@ def test_a_chat_rows_facts_are_those_of_its_own_texts():
         records.append({"messages": messages})
     settings = DedupeSection(near_threshold=0.8)
     for record in records:
-        facts = cleaning.describe(record, rows.answers(record), settings)
+        facts = cleaning.describe(record, settings)
         norm = cleaning.normalized(record)
         assert facts["norm"] == norm
         assert facts["repetition"] == cleaning.repetition_ratio(rows.answers(record)), record
