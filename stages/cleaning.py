@@ -16,6 +16,7 @@ import numpy as np
 
 from stages import rows
 
+
 def fold(text: str) -> str:
     return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
 
