@@ -94,3 +94,18 @@ def test_a_chat_rows_facts_are_those_of_its_own_texts():
         assert facts["repetition"] == cleaning.repetition_ratio(rows.answers(record)), record
         assert np.array_equal(facts["signature"], cleaning.signature(cleaning.shingle_hashes(norm, settings.ngram),
                                                                      settings.num_perm))
+
+
+def test_signature_is_datasketchs_minhash():
+    """The array-at-once signature is datasketch's own MinHash of the same n-gram hashes, on real
+    rows (GSM8K where present) and on rows of one, two and many words."""
+    from datasketch import MinHash
+
+    texts = [cleaning.normalized(r) for r in records_of(GSM8K.read_text().splitlines()[:200])] if GSM8K.is_file() else []
+    texts += ["", "one", "two words", " ".join(f"w{i}" for i in range(5000))]
+    for text in texts:
+        grams = cleaning.shingle_hashes(text, 3)
+        for num_perm in (16, 128):
+            theirs = MinHash(num_perm=num_perm, seed=1, scheme=cleaning.SCHEME, hashfunc=int)
+            theirs.update_batch(grams.tolist())
+            assert np.array_equal(cleaning.signature(grams, num_perm), theirs.hashvalues), text[:80]
