@@ -203,16 +203,27 @@ def loss_mask(ids: np.ndarray, starts: np.ndarray, nonempty: np.ndarray, spans: 
 def encode_by_words(cache, text: str, spans: list[tuple[int, int]], special: np.ndarray):
     """(ids, mask) from the word cache, or None when a span edge falls inside a word (its
     tokens could then fall on both sides) or the cache cannot encode the text. Every token
-    of a word starts within the word, so it is masked as the word's start is."""
+    of a word starts where the word does, so loss_mask's rule applies word by word: a span
+    covers whole words, and its end-of-turn token is a special token of the word at its end."""
     encoded = cache.encode(text)
     if encoded is None:
         return None
     ids, starts, counts = encoded
     bounds = np.append(starts, len(text))  # where words begin, and the end
-    edges = np.array([edge for span in spans for edge in span], dtype=np.int64)
-    if not np.array_equal(bounds[np.minimum(np.searchsorted(bounds, edges), len(bounds) - 1)], edges):
+    edges = np.array(spans, dtype=np.int64).reshape(-1)
+    at = np.minimum(np.searchsorted(bounds, edges), len(bounds) - 1)  # the word each edge begins
+    if not np.array_equal(bounds[at], edges):
         return None
-    return ids, loss_mask(ids, np.repeat(starts, counts), np.ones(len(ids), dtype=bool), spans, special)
+    words = np.zeros(len(starts), dtype=np.uint8)
+    for lo, hi in at.reshape(-1, 2):
+        words[lo:hi] = 1
+    mask = np.repeat(words, counts)
+    first = np.cumsum(counts) - counts  # each word's first token
+    for hi in at[1::2]:
+        if hi < len(starts):
+            k, n = first[hi], counts[hi]
+            mask[k: k + n] |= special[ids[k: k + n]]
+    return ids, mask
 
 
 def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
