@@ -203,26 +203,20 @@ def loss_mask(ids: np.ndarray, starts: np.ndarray, nonempty: np.ndarray, spans: 
 def encode_by_words(cache, text: str, spans: list[tuple[int, int]], special: np.ndarray):
     """(ids, mask) from the word cache, or None when a span edge falls inside a word (its
     tokens could then fall on both sides) or the cache cannot encode the text. Every token
-    of a word starts where the word does, so loss_mask's rule applies word by word: a span
-    covers whole words, and its end-of-turn token is a special token of the word at its end."""
+    of a word is masked as the word's start is, by loss_mask's rule: the tokens of words
+    that start in a span, and the special tokens of the word that starts where it ends."""
     encoded = cache.encode(text)
     if encoded is None:
         return None
-    ids, starts, counts = encoded
-    bounds = np.append(starts, len(text))  # where words begin, and the end
+    ids, starts = encoded
     edges = np.array(spans, dtype=np.int64).reshape(-1)
-    at = np.minimum(np.searchsorted(bounds, edges), len(bounds) - 1)  # the word each edge begins
-    if not np.array_equal(bounds[at], edges):
+    at = np.searchsorted(starts, edges)  # the first token of the word each edge begins
+    if not np.array_equal(np.append(starts, len(text))[at], edges):
         return None
-    words = np.zeros(len(starts), dtype=np.uint8)
-    for lo, hi in at.reshape(-1, 2):
-        words[lo:hi] = 1
-    mask = np.repeat(words, counts)
-    first = np.cumsum(counts) - counts  # each word's first token
-    for hi in at[1::2]:
-        if hi < len(starts):
-            k, n = first[hi], counts[hi]
-            mask[k: k + n] |= special[ids[k: k + n]]
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    for lo, hi, end in zip(at[0::2], at[1::2], np.searchsorted(starts, edges[1::2], side="right")):
+        mask[lo:hi] = 1
+        mask[hi:end] |= special[ids[hi:end]]
     return ids, mask
 
 

@@ -3,11 +3,12 @@
 A fast tokenizer splits text at added tokens, normalizes, pre-tokenizes with a regex
 into words, and runs its model (BPE...) on each word on its own, so a text's ids are
 the concatenation of its words' ids. Most words of a corpus recur, and the Rust encode
-(offsets for every token, its objects handed back to Python) cost about three times what
+(offsets for every token, its objects handed back to Python) cost about four times what
 this does on chat rows: here the split runs with the tokenizer's own pattern (`regex`,
 the module transformers' Python tokenizers used for these same patterns, or `re` where a
 translation is exact: Splitter), and each word's ids come from the tokenizer's own model
-the first time the word is seen.
+the first time the word is seen. For the common patterns even the split is cached: text
+is cut at spaces into units that recur as words do (WordCache).
 
 Only tokenizers whose pipeline is exactly that are taken (see WordCache.of); for any
 other, or a text that is not NFC where the tokenizer normalizes to NFC, callers use
@@ -26,25 +27,44 @@ import regex
 
 # tokenizers' ByteLevel pre-tokenizer's own pattern (GPT-2's), used when use_regex is set
 BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Qwen2/Qwen3's and gpt-oss's (o200k) Split patterns, as their tokenizer.json files hold them
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+# Patterns under which a text may be cut before any space that follows a non-whitespace
+# character, and each part split on its own, giving the same words. In each, a match that
+# has taken a non-whitespace character goes on over no whitespace but line breaks, there is
+# no lookbehind or anchor, and the one lookahead follows whitespace only: no match runs over
+# such a cut, none ends differently for what lies past it, and the part after it is matched
+# from its start as it would be in place (tests/test_word_cache.py checks the words).
+SPACE_CUT_PATTERNS = frozenset({BYTE_LEVEL_PATTERN, QWEN_PATTERN, O200K_PATTERN})
 MODELS = ("BPE", "WordLevel")
 POST_PROCESSORS = ("TemplateProcessing", "ByteLevel", "Sequence")  # none of them moves offsets here
 
 
 class WordCache:
-    """Encodes text to (ids, start of each word, tokens per word), as the tokenizer would.
+    """Encodes text to (ids, where each token's word starts), as the tokenizer would.
 
-    Words are numbered as first seen; a word's number indexes arrays of its length, token
-    count and first position in one flat array of all known words' ids, so a text's ids are
-    one numpy gather. The table is emptied when it reaches MAX_WORDS (memory stays bounded
-    on text with ever-new words: numbers, names, URLs)."""
+    The cached entity is a unit: one word, or under SPACE_CUT_PATTERNS a run of words cut
+    out of the text at spaces (str.split, no regex), such as " word," (" word" and ",").
+    Units are numbered as first seen; a unit's number indexes arrays of its length, token
+    count and first position in flat arrays of all known units' ids and, per token, its
+    word's offset in the unit, so a text's ids are one dict lookup per unit and one numpy
+    gather. The regex and the model run once per distinct unit and word. The tables are
+    emptied, between texts, when they pass MAX_UNITS (memory stays bounded on text with
+    ever-new words: numbers, names, URLs)."""
 
-    MAX_WORDS = 1 << 20
+    MAX_UNITS = 1 << 20
 
     def __init__(self, backend, pattern: str | None, byte_level: bool, nfc: bool, added: list[dict]):
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         self.model, self.nfc = backend.model, nfc
         self.splitter = Splitter(pattern) if pattern else None
+        self.space_cut = pattern in SPACE_CUT_PATTERNS
         self.byte_char = bytes_to_unicode() if byte_level else None
         # the tokenizer finds added tokens in two passes: those matched on the raw text, then
         # (in what is left) those matched on normalized text; each pass takes the longest match
@@ -54,11 +74,14 @@ class WordCache:
         self.clear()
 
     def clear(self) -> None:
-        self.number: dict[str, int] = {}
+        self.word_ids: dict[str, list[int]] = {}
+        self.units: dict[str, int] = {}  # unit -> its number (added tokens, words, segments' first units)
+        self.spaced: dict[str, int] = {}  # x -> the number of unit " " + x
         self.length, self.count, self.first = (np.zeros(1024, dtype=np.int64) for _ in range(3))
-        self.flat, self.used = np.zeros(4096, dtype=np.int32), 0
+        self.flat, self.offset, self.used = np.zeros(4096, dtype=np.int32), np.zeros(4096, dtype=np.int64), 0
+        self.stored = 0  # units numbered so far
         for content, i in self.added_ids.items():
-            self.learn(content, [i])
+            self.units[content] = self.store(len(content), [i], [0])
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -84,57 +107,94 @@ class WordCache:
         except regex.error:
             return None  # a pattern in a regex dialect the regex module does not read
 
-    def learn(self, word: str, ids: list[int]) -> None:
-        n = len(self.number)
+    def store(self, length: int, ids: list[int], offsets: list[int]) -> int:
+        """A new unit's number, for its length in characters, ids and each id's word offset."""
+        n, self.stored = self.stored, self.stored + 1
         if n == len(self.length):
             self.length, self.count, self.first = (np.concatenate([a, np.zeros_like(a)]) for a in
                                                    (self.length, self.count, self.first))
         while self.used + len(ids) > len(self.flat):
-            self.flat = np.concatenate([self.flat, np.zeros_like(self.flat)])
+            self.flat, self.offset = (np.concatenate([a, np.zeros_like(a)]) for a in (self.flat, self.offset))
         self.flat[self.used: self.used + len(ids)] = ids
-        self.length[n], self.count[n], self.first[n] = len(word), len(ids), self.used
+        self.offset[self.used: self.used + len(ids)] = offsets
+        self.length[n], self.count[n], self.first[n] = length, len(ids), self.used
         self.used += len(ids)
-        self.number[word] = n
+        return n
 
     def model_ids(self, word: str) -> list[int]:
         """The model's ids for one word (seen for the first time)."""
         piece = "".join(self.byte_char[b] for b in word.encode()) if self.byte_char else word
         return [t.id for t in self.model.tokenize(piece)]
 
-    def numbers(self, words: list[str]) -> np.ndarray:
-        try:
-            return np.fromiter(map(self.number.__getitem__, words), dtype=np.int64, count=len(words))
-        except KeyError:
-            if len(self.number) + len(words) > self.MAX_WORDS:
-                self.clear()
-            for w in dict.fromkeys(words):
-                if w not in self.number:
-                    self.learn(w, self.model_ids(w))
-            return np.fromiter(map(self.number.__getitem__, words), dtype=np.int64, count=len(words))
+    def learn(self, words: list[str]) -> int:
+        """A new unit made of these words."""
+        ids, offsets, at = [], [], 0
+        for w in words:
+            w_ids = self.word_ids.get(w)
+            if w_ids is None:
+                w_ids = self.word_ids[w] = self.model_ids(w)
+            ids += w_ids
+            offsets += [at] * len(w_ids)
+            at += len(w)
+        return self.store(at, ids, offsets)
 
-    def words(self, text: str) -> list[str]:
-        """The text's words: added tokens whole, the rest split by the pre-tokenizer's pattern."""
-        words = []
+    def unit(self, unit: str) -> int:
+        """The number of a unit: under SPACE_CUT_PATTERNS the first unit of a segment (split
+        here), else a word as the pattern found it in place."""
+        n = self.units.get(unit)
+        if n is None:
+            n = self.units[unit] = self.learn(self.splitter.findall(unit) if self.space_cut else [unit])
+        return n
+
+    def spaced_unit(self, x: str) -> int:
+        """The number of unit " " + x, remembered only if a cut may follow it."""
+        n = self.spaced.get(x)
+        if n is None:
+            n = self.learn(self.splitter.findall(" " + x))
+            if x and not x[-1].isspace():
+                self.spaced[x] = n
+        return n
+
+    def numbers(self, text: str) -> list[int]:
+        """The numbers of the text's units: added tokens whole, the rest split by the
+        pre-tokenizer's pattern (into words, or under SPACE_CUT_PATTERNS into units)."""
+        if self.stored > self.MAX_UNITS:
+            self.clear()
+        out = []
         for k, part in enumerate(split(self.added[0], text)):
             for j, segment in enumerate([part] if k % 2 else split(self.added[1], part)):
                 if k % 2 or j % 2:
-                    words.append(segment)  # an added token
+                    out.append(self.units[segment])  # an added token
+                elif segment and self.space_cut:
+                    out += self.segment_units(segment)
                 elif segment:
-                    words += self.splitter.findall(segment) if self.splitter else [segment]
-        return words
+                    out += map(self.unit, self.splitter.findall(segment) if self.splitter else [segment])
+        return out
 
-    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(ids, each word's start offset in characters, tokens per word), or None when the
-        text must go through the tokenizer itself (not NFC where the tokenizer normalizes)."""
+    def segment_units(self, segment: str) -> list[int]:
+        """Unit numbers of a text between added tokens: cut before each space that follows a
+        non-whitespace character (see SPACE_CUT_PATTERNS). `spaced` holds only pieces that end
+        in non-whitespace, so when every piece is found there, every space is such a cut;
+        otherwise the pieces are joined where a space is not one."""
+        head, *rest = segment.split(" ")
+        out = list(map(self.spaced.get, rest))
+        if None in out or (rest and head and head[-1].isspace()):
+            head, rest = joined_where_not_cut(head, rest)
+            out = list(map(self.spaced_unit, rest))
+        return [self.unit(head), *out] if head else out
+
+    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, where in characters each token's word starts), or None when the text must go
+        through the tokenizer itself (not NFC where the tokenizer normalizes)."""
         if self.nfc and not unicodedata.is_normalized("NFC", text):
             return None
-        numbers = self.numbers(self.words(text))
+        numbers = np.array(self.numbers(text), dtype=np.int64)
         lengths, counts = self.length[numbers], self.count[numbers]
         if lengths.sum() != len(text):
             return None  # the pattern skipped characters: a split this module does not reproduce
-        at = np.cumsum(counts) - counts  # where each word's ids begin in the text's ids
+        at = np.cumsum(counts) - counts  # where each unit's ids begin in the text's ids
         positions = np.arange(int(counts.sum())) + np.repeat(self.first[numbers] - at, counts)
-        return self.flat[positions], np.cumsum(lengths) - lengths, counts
+        return self.flat[positions], np.repeat(np.cumsum(lengths) - lengths, counts) + self.offset[positions]
 
 
 def encode_texts(tok, texts: list[str]) -> list[np.ndarray]:
@@ -210,6 +270,21 @@ def ascii_version(pattern: str):
         if translated.findall(text) != original.findall(text):
             return None
     return translated
+
+
+def joined_where_not_cut(head: str, rest: list[str]) -> tuple[str, list[str]]:
+    """head and rest (text = head + " " + rest[0] + " " + ...) with each space that follows
+    whitespace (or another space) joined back into the unit before it: those are not cuts."""
+    joined: list[str] = []
+    for x in rest:
+        before = (" " + joined[-1]) if joined else head
+        if before and not before[-1].isspace():  # str.isspace covers all that \s matches
+            joined.append(x)
+        elif joined:
+            joined[-1] += " " + x
+        else:
+            head += " " + x
+    return head, joined
 
 
 def alternation(tokens: list[str]):

@@ -15,16 +15,10 @@ import trl
 
 from stages import template
 from stages.base import char_tokenizer
-from stages.word_cache import BYTE_LEVEL_PATTERN, WordCache, ascii_version, encode_texts
+from stages.word_cache import BYTE_LEVEL_PATTERN, O200K_PATTERN, QWEN_PATTERN, SPACE_CUT_PATTERNS, WordCache, \
+    ascii_version, encode_texts, joined_where_not_cut
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-# Qwen2/Qwen3's and gpt-oss's (o200k) pre-tokenizer patterns, as their tokenizer.json files hold them
-QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
-O200K_PATTERN = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
 TRICKY = ("é", "É", "³", "½", "Ⅻ", "\u00a0", "\u2028", "\x85", "\u3000", "\u200b", "ſ", "K", "ﬆ", "İ", "ı",
           "\u0301", "e\u0301", "中文", "😀", "’", "€", "—", "\r\n", "\n\n", "\t", "'s", "'S", "'ll", "'LL",
           "12345", " ", "  ", "<|im_end|>", "<think>", "a<|im_start|>b", "thinking", "'", "\x1c", "_")
@@ -112,12 +106,13 @@ def test_same_ids_as_the_tokenizer(tok):
             assert cache.nfc and not unicodedata.is_normalized("NFC", text), repr(text)
             refused += 1
             continue
-        ids, starts, counts = got
+        ids, starts = got
         want = backend.encode(text, add_special_tokens=False)
         assert ids.tolist() == want.ids, repr(text)
-        first_tokens = np.cumsum(counts) - counts
-        offsets = want.offsets  # a new list at each access
-        assert [offsets[i][0] for i in first_tokens] == starts.tolist(), repr(text)
+        first_tokens = np.flatnonzero(np.diff(starts, prepend=-1))  # of each word
+        offsets = np.array(want.offsets, dtype=np.int64).reshape(-1, 2)
+        assert offsets[first_tokens, 0].tolist() == starts[first_tokens].tolist(), repr(text)
+        assert (offsets[:, 0] >= starts).all(), repr(text)
     assert refused < len(texts) / 10
 
 
@@ -177,3 +172,37 @@ def test_patterns_translate_to_ascii_where_they_can():
         assert ascii_version(pattern) is not None, pattern
     assert ascii_version(r"\w+|\s+") is None  # \w differs between re and regex beyond ASCII
     assert ascii_version(r"[\s\S]") is None
+
+
+@pytest.mark.parametrize("pattern", sorted(SPACE_CUT_PATTERNS))
+def test_cutting_before_spaces_keeps_the_words(pattern):
+    """Under each SPACE_CUT_PATTERNS pattern, splitting the units the cache cuts a text into
+    gives the pattern's own words for the whole text, on real text and on text dense in
+    spaces, line breaks and other whitespace."""
+    import regex
+
+    whole = regex.compile(pattern)
+    spacey = ["  ", " ", "\n ", "\t", " \n", "\u3000 ", "\xa0", "\x1c ", "a", "B", "7", ".", "'s", "\r\n", "/"]
+    rng = random.Random(2)
+    texts = shared_texts()[:3000] + fuzz_texts(2000) + ["".join(rng.choices(spacey, k=rng.randint(1, 40)))
+                                                         for _ in range(3000)]
+    for text in texts:
+        head, *rest = text.split(" ")
+        head, rest = joined_where_not_cut(head, rest)
+        units = [head] + [" " + x for x in rest]
+        assert [w for u in units for w in whole.findall(u)] == whole.findall(text), repr(text)
+
+
+def test_tables_emptied_between_texts_give_the_same_ids(tok):
+    cache = WordCache.of(tok)
+    cache.clear()
+    cache.MAX_UNITS = 64
+    stored = []
+    for text in shared_texts()[:300] + fuzz_texts(300):
+        got = cache.encode(text)
+        stored.append(cache.stored)
+        if got is not None:
+            assert got[0].tolist() == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids, repr(text)
+    assert any(b < a for a, b in zip(stored, stored[1:]))  # emptied along the way
+    del cache.MAX_UNITS
+    cache.clear()
