@@ -124,6 +124,7 @@ class Writer:
         self.out, self.kind, self.data, self.pad_id, self.dropped = out / "train", kind, data, pad_id, dropped
         self.out.mkdir()
         self.window: list[dict] = []
+        self._buffers = [np.empty((0, data.max_length), dtype=np.int32)] * 3
         self.shards = 0
         self.counts = Counter()
 
@@ -167,25 +168,32 @@ class Writer:
         L, docs = self.data.max_length, self.window
         bins = pack([len(d["ids"]) for d in docs], L)
         n = len(bins)
-        input_ids = np.full((n, L), self.pad_id, dtype=np.int32)
-        labels = np.full((n, L), IGNORE, dtype=np.int32)
-        position_ids = np.zeros((n, L), dtype=np.int32)
+        input_ids, labels, position_ids = self.buffers(n)
+        input_ids.fill(self.pad_id)
+        labels.fill(IGNORE)
+        counting = np.arange(L, dtype=np.int32)
         boundaries = []  # (sequence, start, length) of every document
         for s, members in enumerate(bins):
             at = 0
             for d in members:
-                ids = np.array(docs[d]["ids"], dtype=np.int32)
-                k = len(ids)
+                ids, k = docs[d]["ids"], len(docs[d]["ids"])
                 input_ids[s, at: at + k] = ids
-                labels[s, at: at + k] = np.where(np.array(docs[d]["mask"], dtype=bool), ids, IGNORE)
-                position_ids[s, at: at + k] = np.arange(k)
+                labels[s, at: at + k] = np.where(docs[d]["mask"].view(bool), ids, IGNORE)
+                position_ids[s, at: at + k] = counting[:k]
                 boundaries.append((s, at, k))
                 at += k
-            position_ids[s, at:] = np.arange(L - at)  # padding is its own document, with no loss
+            position_ids[s, at:] = counting[: L - at]  # padding is its own document, with no loss
         save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
                    "documents": np.array(boundaries, dtype=np.int32).reshape(-1, 3)},
                   str(path), metadata={"max_length": str(L)})
         self.counts["sequences"] += n
+
+    def buffers(self, n: int) -> list[np.ndarray]:
+        """Three n x max_length int32 arrays, reused from window to window: fresh ones cost a
+        page fault per 4 KiB written."""
+        if len(self._buffers[0]) < n:
+            self._buffers = [np.empty((n, self.data.max_length), dtype=np.int32) for _ in range(3)]
+        return [b[:n] for b in self._buffers]
 
     def write_ragged(self, path: Path) -> None:
         """Unpacked documents as flat arrays plus offsets (preference pairs, prompts)."""
