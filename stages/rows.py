@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,21 +50,46 @@ def file_format(path: str) -> str:
                     f"or set file_format in the source")
 
 
+def jsonl_blocks(path: Path, size: int) -> Iterator[tuple[int, int] | bytes]:
+    """A JSON Lines file in blocks of about `size` bytes, each ending at a line end, for workers
+    to parse: (offset, length) in a plain file, which a worker reads itself, or the bytes of a
+    gzipped one, decompressed here."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            while block := f.read(size) + f.readline():
+                yield block
+        return
+    with open(path, "rb") as f:
+        total, offset = os.fstat(f.fileno()).st_size, 0
+        while offset < total:
+            f.seek(min(offset + size, total))
+            end = f.tell() + len(f.readline())  # on to the end of the line the cut falls in
+            yield offset, end - offset
+            offset = end
+
+
+def jsonl_rows(block: bytes) -> Iterator[tuple[bytes, dict | BadRow]]:
+    """(line, raw row) for each line of a block, split at universal newlines as text files are."""
+    for line in block.splitlines():
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield line, BadRow("malformed_json", f"not UTF-8 ({e.reason} at byte {e.start + 1})")
+            continue
+        if not text.strip():
+            yield line, BadRow("blank_line", "blank line")
+            continue
+        try:
+            yield line, json.loads(text)
+        except json.JSONDecodeError as e:
+            yield line, BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
+
+
 def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | BadRow]]:
-    """(where, raw row) pairs; `where` is file:line for JSON Lines, file:row N otherwise."""
+    """(where, raw row) pairs of a .json, .parquet or .csv file; `where` is file:row N.
+    (JSON Lines are read in blocks by the workers: jsonl_blocks, jsonl_rows.)"""
     opener = gzip.open if path.name.endswith(".gz") else open
-    if fmt == "jsonl":
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                where = f"{label}:{lineno}"
-                if not line.strip():
-                    yield where, BadRow("blank_line", "blank line")
-                    continue
-                try:
-                    yield where, json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield where, BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
-    elif fmt == "json":
+    if fmt == "json":
         with opener(path, "rt", encoding="utf-8") as f:
             try:
                 data = json.load(f)

@@ -12,7 +12,7 @@ deterministic order. Every row read is kept or counted under a drop reason.
 from __future__ import annotations
 
 import bisect
-import gzip
+import functools
 import json
 import os
 from collections import Counter
@@ -27,7 +27,8 @@ from stages.word_cache import encode_texts
 
 IGNORE = -100
 PACK_WINDOW = 65536  # documents packed together (and held in memory) at once
-CHUNK_ROWS = 4096  # rows a worker prepares at once
+BLOCK_BYTES = 1 << 22  # JSON Lines a worker reads and prepares at once (~1,500 chat rows)
+CHUNK_ROWS = 4096  # rows of other file types the main process reads and hands to a worker at once
 TOKENIZE_BATCH = 1024
 
 
@@ -73,15 +74,47 @@ def label_of(src) -> str:
     return src.path if src.path is not None else f"{src.hub}@{src.revision}"
 
 
-def records(src, data, kind: str, root: Path, dropped: Counter):
-    """Canonical records of one source, in file order; bad rows fail (file:line) or are counted.
-    Yields None for each row that is dropped, so the caller can count rows in."""
+def source_jobs(src, root: Path):
+    """One source's reading work for the workers, in file order: blocks of a JSON Lines file
+    (which the workers parse; see rows.jsonl_blocks) or lists of (where, raw row) read here,
+    for the other file types and the hub."""
     if src.path is not None:
         fmt = rows.file_format(src.path) if src.file_format == "auto" else src.file_format
+        if fmt == "jsonl":
+            path = root / src.path
+            for block in rows.jsonl_blocks(path, BLOCK_BYTES):
+                yield block if isinstance(block, bytes) else (str(path), *block)
+            return
         raw = rows.read_local(root / src.path, src.path, fmt)
     else:
         raw = rows.read_hub(src.hub, src.revision, src.subset, src.split)
-    for where, row in raw:
+    yield from chunks_of(raw, CHUNK_ROWS)
+
+
+def job_rows(job):
+    """(where, raw row or BadRow, the line as stored or None) of each row of a job. For a block
+    of JSON Lines `where` is the line's index in the block, and the line is kept as it is."""
+    if isinstance(job, list):
+        for where, row in job:
+            yield where, row, None
+        return
+    if isinstance(job, tuple):
+        path, offset, length = job
+        with open(path, "rb") as f:
+            f.seek(offset)
+            job = f.read(length)
+    for where, (line, row) in enumerate(rows.jsonl_rows(job)):
+        yield where, row, line
+
+
+def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], dict]:
+    """The canonical records of a job's rows and each row as stored (its JSON line, or the record
+    as JSON where the row did not come from one), with what happened to the others: rows in,
+    drops by reason, and where on_error is fail the first bad row as (where, message)."""
+    records, stored, dropped = [], [], Counter()
+    outcome = {"rows_in": 0, "dropped": dropped, "error": None}
+    for where, row, line in job_rows(job):
+        outcome["rows_in"] += 1
         try:
             if isinstance(row, rows.BadRow):
                 raise row
@@ -89,14 +122,32 @@ def records(src, data, kind: str, root: Path, dropped: Counter):
         except rows.BadRow as e:
             if data.on_error == "skip" or e.reason == "blank_line":
                 dropped[e.reason] += 1
-                yield None
                 continue
-            raise UserError(f"{where}: {e}; fix the row or set data.on_error: skip") from None
+            outcome["error"] = (where, str(e))
+            break
         if not all(a.strip() for a in rows.answers(record)):
             dropped["empty_answer"] += 1
-            yield None
             continue
-        yield record
+        records.append(record)
+        stored.append(line if line is not None else json.dumps(record, ensure_ascii=False, sort_keys=True).encode())
+    return records, stored, outcome
+
+
+class SourceCount:
+    """The outcomes of one source's jobs, taken in file order: rows in, drops by reason, and the
+    first bad row (on_error: fail) raised as a one-line error naming its file:line."""
+
+    def __init__(self, src):
+        self.label, self.rows_in, self.dropped = label_of(src), 0, Counter()
+
+    def take(self, outcome: dict) -> None:
+        if outcome["error"]:
+            where, message = outcome["error"]
+            if isinstance(where, int):  # a line of a JSON Lines block: all lines before it are counted
+                where = f"{self.label}:{self.rows_in + where + 1}"
+            raise UserError(f"{where}: {message}; fix the row or set data.on_error: skip")
+        self.rows_in += outcome["rows_in"]
+        self.dropped.update(outcome["dropped"])
 
 
 def tokenize(tok, kind: str, batch: list[dict]) -> list[dict]:
@@ -257,8 +308,19 @@ def _start_worker(base: str) -> None:
     _worker["tok"] = AutoTokenizer.from_pretrained(base)
 
 
-def _prepare_in_worker(args) -> dict[str, np.ndarray]:
-    return prepare_chunk(*args[:2], _worker["tok"], args[2])
+def prepare_job(index: int, job, src, kind: str, data, out: Path) -> dict:
+    """A worker's whole share of one job: read, convert, describe, tokenize, and write
+    chunk-<index> (arrays, and the rows as stored) into `out`. Returns job_records' outcome."""
+    from safetensors.numpy import save_file
+
+    records, stored, outcome = job_records(job, src, data, kind)
+    if records and not outcome["error"]:
+        arrays = prepare_chunk(records, kind, _worker["tok"], data)
+        arrays["row_offsets"] = np.cumsum([0] + [len(line) + 1 for line in stored], dtype=np.int64)
+        save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"),
+                  metadata={"rows": "records" if isinstance(job, list) else "source"})
+        (out / f"chunk-{index:05d}.rows").write_bytes(b"".join(line + b"\n" for line in stored))
+    return outcome
 
 
 def chunks_of(iterable, size: int):
@@ -274,70 +336,71 @@ def chunks_of(iterable, size: int):
 
 def prepare_source(ctx, src, kind: str, out: Path) -> None:
     """Everything per row of one source that does not depend on other rows: read, convert,
-    describe for cleaning, tokenize. Chunks go to one worker process per core, at most two
-    chunks each in flight, so memory stays bounded on large files; results are written in order."""
+    describe for cleaning, tokenize. Jobs go to one worker process per core, at most two each
+    in flight, so memory stays bounded on large files; each worker writes its own chunk files,
+    and outcomes are taken in file order, so the first bad row is the one reported."""
+    from collections import deque
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from safetensors.numpy import save_file
     from tqdm import tqdm
 
-    dropped, rows_in = Counter(), 0
+    count = SourceCount(src)
+    progress = tqdm(desc=label_of(src), unit=" rows", mininterval=2)
 
-    def kept_records():
-        nonlocal rows_in
-        for record in records(src, ctx.recipe.data, kind, ctx.root, dropped):
-            rows_in += 1
-            if record is not None:
-                yield record
-
-    def write(index: int, chunk: list[dict], arrays: dict) -> None:
-        save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"))
-        with open(out / f"chunk-{index:05d}.records.jsonl.gz", "wb") as raw, \
-                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=1) as f:
-            # byte-deterministic (no mtime or name); level 1: this runs in the main process beside
-            # the workers, and level 9 cost it 4 s per 20k rows for a store-only intermediate
-            f.write("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in chunk).encode())
+    def take(future) -> None:
+        count.take(future.result())
+        progress.update(future.result()["rows_in"])
 
     workers = os.cpu_count() or 1
-    progress = tqdm(desc=label_of(src), unit=" rows", mininterval=2)
     with ProcessPoolExecutor(workers, mp_context=get_context("fork"), initializer=_start_worker,
                              initargs=(str(ctx.upstream["base"]),)) as pool:
-        pending = []
-        for index, chunk in enumerate(chunks_of(kept_records(), CHUNK_ROWS)):
-            pending.append((index, chunk, pool.submit(_prepare_in_worker, (chunk, kind, ctx.recipe.data))))
-            while len(pending) > 2 * workers or (pending and pending[0][2].done()):
-                i, c, future = pending.pop(0)
-                write(i, c, future.result())
-                progress.update(len(c))
-        for i, c, future in pending:
-            write(i, c, future.result())
-            progress.update(len(c))
+        pending = deque()
+        try:
+            for index, job in enumerate(source_jobs(src, ctx.root)):
+                pending.append(pool.submit(prepare_job, index, job, src, kind, ctx.recipe.data, out))
+                while len(pending) > 2 * workers or (pending and pending[0].done()):
+                    take(pending.popleft())
+            while pending:
+                take(pending.popleft())
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
     progress.close()
-    (out / "stats.json").write_text(json.dumps({"rows_in": rows_in, "dropped": dict(sorted(dropped.items()))},
+    (out / "stats.json").write_text(json.dumps({"rows_in": count.rows_in, "dropped": dict(sorted(count.dropped.items()))},
                                                indent=1, sort_keys=True) + "\n")
 
 
-def prepared_rows(part: Path, kind: str):
-    """(cleaning facts, split hash, tokenized doc, record as its JSON line) for each row of a
-    prepared source, in order. Lines are parsed only where a record is needed."""
+def prepared_rows(part: Path, src, kind: str):
+    """(cleaning facts, split hash, tokenized doc, record) for each row of a prepared source, in
+    order; `record` returns the row's canonical record (parsed only where it is needed)."""
+    from safetensors import safe_open
     from safetensors.numpy import load_file
 
     for path in sorted(part.glob("chunk-*.safetensors")):
         a = load_file(str(path))
-        with gzip.open(path.with_name(path.name.replace(".safetensors", ".records.jsonl.gz")), "rt") as f:
-            lines = f.read().split("\n")[:-1]  # not splitlines(): records may hold U+2028 and the like
+        with safe_open(str(path), "np") as f:
+            from_source = f.metadata()["rows"] == "source"
+        stored, bounds = path.with_suffix(".rows").read_bytes(), a["row_offsets"].tolist()
         sides = ("ids", "rejected_ids") if kind == "preference" else ("ids",)
         offsets = {key: a[f"{key}_offsets"].tolist() for key in sides}
         fingerprints, repetition, split = a["fingerprint"], a["repetition"].tolist(), a["split"].tolist()
-        for i, line in enumerate(lines):
+        for i in range(len(bounds) - 1):
+            line = stored[bounds[i]: bounds[i + 1] - 1]
+            record = functools.partial(stored_record, line, from_source, src, kind)
             doc = {}
             for key in sides:
                 lo, hi = offsets[key][i], offsets[key][i + 1]
                 doc[key], doc[key.replace("ids", "mask")] = a[key][lo:hi], a[key.replace("ids", "mask")][lo:hi]
             if kind == "prompt":
-                doc["reference"] = json.loads(line)["reference"]
-            yield {"fingerprint": fingerprints[i].tobytes(), "repetition": repetition[i]}, split[i], doc, line
+                doc["reference"] = record()["reference"]
+            yield {"fingerprint": fingerprints[i].tobytes(), "repetition": repetition[i]}, split[i], doc, record
+
+
+def stored_record(line: bytes, from_source: bool, src, kind: str) -> dict:
+    """A prepared row's canonical record: its source line converted again, or the stored record."""
+    row = json.loads(line)
+    return rows.convert(row, src.format, kind) if from_source else row
 
 
 def build(ctx, out: Path) -> None:
@@ -363,13 +426,13 @@ def build(ctx, out: Path) -> None:
     (out / "heldout").mkdir()
     kept_heldout, cutoff = 0, data.heldout_fraction * 2**32
     with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
-        for part in parts:
-            for facts, split, doc, line in prepared_rows(part, kind):
-                reason = cleaner.drop_reason(**facts, record=lambda line=line: json.loads(line))
+        for part, src in zip(parts, data.sources):
+            for facts, split, doc, record in prepared_rows(part, src, kind):
+                reason = cleaner.drop_reason(**facts, record=record)
                 if reason:
                     dropped[reason] += 1
                 elif split < cutoff:
-                    heldout.write(line + "\n")  # as written in prepare_source: sorted keys, not ASCII-escaped
+                    heldout.write(json.dumps(record(), ensure_ascii=False, sort_keys=True) + "\n")
                     kept_heldout += 1
                 else:
                     writer.add(doc)

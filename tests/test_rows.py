@@ -12,7 +12,7 @@ import pytest
 from stages import rows
 from stages.errors import UserError
 from stages.recipe import DataSection
-from stages.shards import label_of, records
+from stages.shards import SourceCount, job_records, label_of, source_jobs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/datasets is not on this machine")
@@ -24,10 +24,13 @@ def collect(data: DataSection, kind: str, root: Path):
     """(kept records, drop counts, rows read per source) of every source, as the shards stage reads them."""
     kept, dropped, rows_in = [], Counter(), Counter()
     for src in data.sources:
-        for record in records(src, data, kind, root, dropped):
-            rows_in[label_of(src)] += 1
-            if record is not None:
-                kept.append(record)
+        count = SourceCount(src)
+        for job in source_jobs(src, root):
+            records, _, outcome = job_records(job, src, data, kind)
+            count.take(outcome)
+            kept += records
+        dropped.update(count.dropped)
+        rows_in[label_of(src)] = count.rows_in
     return kept, dropped, rows_in
 
 
