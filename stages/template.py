@@ -10,22 +10,25 @@ as the conversation grows (Qwen3 drops the reasoning of turns before the last
 user message), so masks come from the full rendering itself. A turn's span runs from the end of
 the role header that opens it to the end of its content.
 
-Fast path: the template is rendered once per conversation shape (roles, and which
-turns carry reasoning) with a placeholder character for each field, giving a
-skeleton whose placeholders mark where each field lands. A row whose own rendering
-equals its filled skeleton takes its spans from the skeleton. Any other row (the
-template changed the content: stripped it, split a <think> block out of it...)
-falls back to rendering once more per assistant turn with that turn replaced by a
-sentinel: the two texts differ exactly where that turn's own text lies.
+Fast path (stages/skeleton.py): the template is rendered once per conversation shape
+(roles, and which turns carry reasoning) with a stand-in for each field, giving a
+skeleton whose pieces mark where each field lands, and the tests the template made of
+the fields. A row that passes the same tests is its skeleton filled, spans and all.
+Any other row (the template rewrites its content: strips it, splits a <think> block
+out of it...) is rendered by the template, and its spans come from rendering once more
+per assistant turn with that turn replaced by a sentinel: the two texts differ exactly
+where that turn's own text lies.
 """
 from __future__ import annotations
 
 import datetime
 import functools
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
+from stages import skeleton
 from stages.errors import UserError
 from stages.word_cache import WordCache
 
@@ -117,67 +120,102 @@ def assistant_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int
     return spans
 
 
-FIRST_PLACEHOLDER = 0xE100  # private-use characters, two per message (content, reasoning)
-MAX_MESSAGES = (0xF8FF - FIRST_PLACEHOLDER) // 2
-PLACEHOLDER = re.compile(f"([{chr(FIRST_PLACEHOLDER)}-{chr(0xF8FF)}])")
+PLACEHOLDER = re.compile(f"([{skeleton.PLACEHOLDERS[0]}-{skeleton.PLACEHOLDERS[1]}])")
 
 
 def shape_of(messages: list[dict]) -> tuple:
     return tuple((m["role"], "reasoning" in m) for m in messages)
 
 
+@dataclass(frozen=True)
+class Skeleton:
+    """A shape's rendering as literal text and (message, field) pieces (stages/skeleton.py), and
+    the guards a row must pass for its rendering to be the pieces filled (None: never)."""
+    pieces: tuple
+    guards: tuple | None
+
+
 @functools.lru_cache(maxsize=256)
-def _skeleton(tok, chat_template: str, shape: tuple) -> list[str | tuple[int, str]]:
-    """The rendering of a conversation of this shape as literal text and (message, field) slots."""
-    messages = []
-    for i, (role, has_reasoning) in enumerate(shape):
-        m = {"role": role, "content": chr(FIRST_PLACEHOLDER + 2 * i)}
-        if has_reasoning:
-            m["reasoning"] = chr(FIRST_PLACEHOLDER + 2 * i + 1)
-        messages.append(m)
-    pieces = []
-    for k, piece in enumerate(PLACEHOLDER.split(render(tok, messages))):
-        if k % 2 == 0:
-            pieces.append(piece)
-        else:
-            slot = ord(piece) - FIRST_PLACEHOLDER
-            pieces.append((slot // 2, "reasoning" if slot % 2 else "content"))
-    return pieces
+def _skeleton(tok, chat_template: str, shape: tuple) -> Skeleton | None:
+    """The skeleton of conversations of this shape; None for a shape the template refuses, and
+    for a template that holds placeholder characters itself (the pieces could not be told apart)
+    or is not one string."""
+    from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
 
-
-def skeleton_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
-    """Assistant spans from the shape's skeleton, or None when the skeleton filled with this
-    row's fields is not exactly `full` (or a field does not appear exactly once)."""
-    if len(messages) > MAX_MESSAGES or PLACEHOLDER.search(full):
+    if not isinstance(chat_template, str) or len(shape) > skeleton.MAX_MESSAGES or PLACEHOLDER.search(chat_template):
         return None
+    plain, slots, guards = [], [], []
+    for i, (role, has_reasoning) in enumerate(shape):
+        fields = ("content", "reasoning") if has_reasoning else ("content",)
+        plain.append({"role": role, **{f: skeleton.placeholder((i, f)) for f in fields}})
+        slots.append({"role": role, **{f: skeleton.Slot(((i, f),), guards) for f in fields}})
+    try:
+        text = render(tok, plain)
+    except Exception:  # the template refuses this shape: each row is rendered, and says why
+        return None
+    pieces = tuple(piece if k % 2 == 0 else skeleton.field_of(piece) for k, piece in enumerate(PLACEHOLDER.split(text)))
+    # the same call transformers' apply_chat_template makes, with slots where it would take plain copies
+    kwargs = _plain_template_data(dict(tok.special_tokens_map))
+    with_slots = skeleton.render_with_slots(dated(chat_template), _alias_reasoning_fields(for_template(slots)), kwargs)
+    return Skeleton(pieces, tuple(guards) if with_slots == text else None)
+
+
+def fill(pieces: tuple, messages: list[dict]) -> tuple[str, dict, dict, bool]:
+    """The pieces with the row's fields in place: (text, where each message's first field starts,
+    where each content ends, whether every field appears at most once)."""
     filled, first, end, seen = [], {}, {}, set()
-    at = 0
-    for piece in _skeleton(tok, tok.chat_template, shape_of(messages)):
-        if isinstance(piece, tuple):
-            if piece in seen:
-                return None
+    at, once = 0, True
+    for piece in pieces:
+        if not isinstance(piece, str):
+            once, i, field = once and piece not in seen, *piece
             seen.add(piece)
-            i, field = piece
             first.setdefault(i, at)
             piece = messages[i][field]
             if field == "content":
                 end[i] = at + len(piece)
         filled.append(piece)
         at += len(piece)
-    if "".join(filled) != full:
-        return None
+    return "".join(filled), first, end, once
+
+
+def spans_at(tok, messages: list[dict], text: str, first: dict, end: dict) -> list[tuple[int, int]] | None:
+    """Assistant spans from where the fields lie in `text`: from the end of the role header
+    before each assistant turn to the end of its content."""
     header, spans, floor = _header(tok), [], 0
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         if i not in end:
             return None
-        opened = full.rfind(header, floor, first[i] + len(header))
-        if opened < 0:
+        opened = text.rfind(header, floor, first[i] + len(header))
+        start = min(opened + len(header), first[i])
+        if opened < 0 or end[i] <= start:
             return None
-        spans.append((min(opened + len(header), first[i]), end[i]))
+        spans.append((start, end[i]))
         floor = end[i]
     return spans
+
+
+def render_with_spans(tok, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and its assistant spans: a row that passes its shape's guards is
+    its skeleton filled; any other is rendered by the template (rendered_with_spans)."""
+    sk = _skeleton(tok, tok.chat_template, shape_of(messages))
+    if sk is None or sk.guards is None or not skeleton.holds(sk.guards, messages):
+        return rendered_with_spans(tok, messages, sk)
+    text, first, end, once = fill(sk.pieces, messages)
+    spans = spans_at(tok, messages, text, first, end) if once else None
+    return text, spans if spans is not None else assistant_spans(tok, messages, text)
+
+
+def rendered_with_spans(tok, messages: list[dict], sk: Skeleton | None) -> tuple[str, list[tuple[int, int]]]:
+    """The template's own rendering, with spans from the skeleton where the filled skeleton is
+    exactly that rendering, else from re-rendering per assistant turn (assistant_spans)."""
+    text, spans = render(tok, messages), None
+    if sk is not None and not PLACEHOLDER.search(text):
+        filled, first, end, once = fill(sk.pieces, messages)
+        if once and filled == text:
+            spans = spans_at(tok, messages, text, first, end)
+    return text, spans if spans is not None else assistant_spans(tok, messages, text)
 
 
 @functools.lru_cache(maxsize=8)
@@ -233,11 +271,7 @@ def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray)
 def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """(input_ids, loss mask) per conversation: through the word cache where it reproduces the
     tokenizer (stages/word_cache.py), else through the Rust tokenizer."""
-    texts = [render(tok, m) for m in conversations]
-    spans = []
-    for m, t in zip(conversations, texts):
-        fast = skeleton_spans(tok, m, t)
-        spans.append(fast if fast is not None else assistant_spans(tok, m, t))
+    texts, spans = zip(*(render_with_spans(tok, m) for m in conversations)) if conversations else ((), ())
     special, cache = special_table(tok), WordCache.of(tok)
     out = [encode_by_words(cache, t, sp, special) if cache else None for t, sp in zip(texts, spans)]
     rest = [k for k, done in enumerate(out) if done is None]

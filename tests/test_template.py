@@ -116,15 +116,18 @@ REWRITTEN = [  # contents Qwen3's template rewrites: the skeleton cannot be used
     (None, ()), ("qwen3.jinja", ()),
     ("gptoss.jinja", HARMONY)])
 def test_skeleton_spans_agree_with_sentinel_rendering(template_file, specials):
-    """The one-render fast path gives the same spans as re-rendering per turn, and declines
-    (None) where the template rewrote a field, so the slow path decides those rows."""
+    """The skeleton (one render per shape) gives the template's rendering and the same spans as
+    re-rendering per turn, and a row whose content the template rewrites fails its guards, so
+    the template renders it."""
+    from stages import skeleton
+
     tok = tokenizer(template_file, specials)
     conversations = [CONVERSATION, CONVERSATION[1:], CONVERSATION[:3], CONVERSATION[:2]]
     for conversation in conversations:
         full = template.render(tok, conversation)
-        assert template.skeleton_spans(tok, conversation, full) == template.assistant_spans(tok, conversation, full)
-    full = template.render(tok, REWRITTEN)
-    assert (template.skeleton_spans(tok, REWRITTEN, full) is None) == (template_file == "qwen3.jinja")
+        assert template.render_with_spans(tok, conversation) == (full, template.assistant_spans(tok, conversation, full))
+    guards = template._skeleton(tok, tok.chat_template, template.shape_of(REWRITTEN)).guards
+    assert (not skeleton.holds(guards, REWRITTEN)) == (template_file == "qwen3.jinja")
 
 
 def test_rewritten_content_still_gets_exact_masks():

@@ -139,8 +139,7 @@ def test_same_masks_as_the_tokenizer_offsets(tok):
     special, cache = template.special_table(tok), WordCache.of(tok)
     by_words = 0
     for m in conversations:
-        text = template.render(tok, m)
-        spans = template.skeleton_spans(tok, m, text) or template.assistant_spans(tok, m, text)
+        text, spans = template.render_with_spans(tok, m)
         [(want_ids, want_mask)] = template.encode_with_offsets(tok, [text], [spans], special)
         got = template.encode_by_words(cache, text, spans, special)
         if got is not None:

@@ -1,0 +1,121 @@
+"""The skeleton fast path renders exactly what the template renders.
+
+Every chat template TRL ships, and templates written to look at the content in every
+other way a template can (filters, tests, macros, captured blocks, indexing, str
+methods), render random conversations whose fields are chosen to trip them: leading
+newlines, <think> blocks, tool responses, empty strings, special tokens, the
+placeholder characters themselves. Each row's text and assistant spans from
+template.render_with_spans must equal the template's own rendering and the spans found
+in it (template.rendered_with_spans)."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import trl
+
+from stages import skeleton, template
+from stages.base import char_tokenizer
+from stages.errors import UserError
+
+TEMPLATES = sorted((Path(trl.__file__).parent / "chat_templates").glob("*.jinja"))
+CONTENTS = ["", " ", "\n", "\n\nafter newlines", "before a newline\n", "  padded  ", "</think>", "<think>",
+            "<think>\nreasoning\n</think>\n\nthe answer", "<tool_response>out</tool_response>", "<tool_response>",
+            "<|im_end|>", "5", "0", "None", "a", "A", "ab", "user", "hello world", "line one\nline two",
+            "\t tab", "{{ x }}", "'single' \"double\"", "ünïcödé", "\ue100", "\ue101 and more", "x" * 40]
+ANSWERS = [c for c in CONTENTS if c.strip()]  # blank answers never reach rendering (dropped as empty_answer)
+REPLAYED = {"qwen3.jinja", "qwen3_training.jinja", "gptoss.jinja", "llama3_2.jinja", "qwen3_5_think.jinja",
+            "qwen2_5.jinja", "glm4moe.jinja"}  # (some of the templates the fast path takes)
+
+
+def conversations(rng: random.Random, n: int) -> list[list[dict]]:
+    out = []
+    for _ in range(n):
+        chat = [{"role": "system", "content": rng.choice(CONTENTS)}] if rng.random() < 0.4 else []
+        for _ in range(rng.randint(1, 3)):
+            chat.append({"role": "user", "content": rng.choice(CONTENTS)})
+            turn = {"role": "assistant", "content": rng.choice(ANSWERS)}
+            if rng.random() < 0.4:
+                turn["reasoning"] = rng.choice(CONTENTS)
+            chat.append(turn)
+        out.append(chat)
+    return out
+
+
+def assert_exact(tok, chats) -> int:
+    """Each chat renders, with its spans, as through the template itself (rendered_with_spans);
+    returns how many took the fast path."""
+    fast = 0
+    for messages in chats:
+        sk = template._skeleton(tok, tok.chat_template, template.shape_of(messages))
+        try:
+            want = template.rendered_with_spans(tok, messages, sk)
+        except UserError:
+            with pytest.raises(UserError):
+                template.render_with_spans(tok, messages)
+            continue
+        except Exception:
+            continue  # the template refuses this conversation (roles it does not take, say)
+        fast += sk is not None and sk.guards is not None and skeleton.holds(sk.guards, messages)
+        assert template.render_with_spans(tok, messages) == want, messages
+    return fast
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
+def test_every_shipped_template_renders_the_same_through_the_skeleton(path):
+    tok = char_tokenizer()
+    tok.chat_template = path.read_text()
+    chats = conversations(random.Random(path.stem), 60)
+    fast = assert_exact(tok, chats)
+    if path.name in REPLAYED:
+        assert fast >= 10, fast  # the fast path is taken for the rows that pass the guards
+
+
+TURN = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}WHAT<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LOOKS = {  # what the template adds after each message's content, and whether rows can still replay it
+    "int": ("{% if m.content|int > 3 %}!{% endif %}", False),
+    "length": ("{% if m.content|length > 3 %}!{% endif %}", False),
+    "is sequence": ("{% if m.content is sequence %}!{% endif %}", False),
+    "is lower": ("{% if m.content is lower %}!{% endif %}", False),
+    "tilde": ("{{ m.content ~ '' }}", False),
+    "upper": ("{{ m.content|upper }}", False),
+    "replace filter": ("{{ m.content|replace('a', 'b') }}", False),
+    "replace method": ("{{ m.content.replace('a', 'b') }}", False),
+    "format": ("{{ '{}'.format(m.content) }}", False),
+    "join": ("{{ [m.content]|join(',') }}", False),
+    "tojson": ("{{ m.content|tojson }}", False),
+    "iterate": ("{% for c in m.content %}{{ c }}{% endfor %}", False),
+    "slice": ("{{ m.content[:3] }}", False),
+    "wordcount": ("{% if m.content is string and m.content|wordcount > 1 %}!{% endif %}", False),
+    "plain startswith field": ("{% if 'ab'.startswith(m.content) %}!{% endif %}", False),
+    "in list": ("{% if m.content in ['a', 'b'] %}!{% endif %}", True),
+    "equals": ("{% if m.content == '' %}(empty){% endif %}", True),
+    "truth": ("{% if m.content %}!{% else %}(none){% endif %}", True),
+    "trim": ("{{ m.content|trim }}", True),
+    "split": ("{{ m.content.split('\\n')[0] }}", True),
+    "startswith role": ("{% if m.content.startswith(m.role) %}!{% endif %}", True),
+    "default": ("{{ m.content|default('x') }}", True),
+    "in string filter": ("{% if 'a' in m.content|string %}!{% endif %}", True),
+    "namespace": ("{% set ns = namespace(c=m.content) %}{{ ns.c }}", True),
+    "strip of a sum": ("{{ (m.content + 'x').strip() }}", True),
+    "macro then test": ("{% macro show(c) %}[{{ c }}]{% endmacro %}{% set x = show(m.content) %}"
+                        "{% if 'a' in x %}A{% endif %}{{ x }}", True),
+    "captured block": ("{% set x %}{{ m.content }}{% endset %}{{ x.strip() }}{% if x %}!{% endif %}", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOKS))
+def test_templates_that_look_at_the_content_render_the_same(name):
+    """Looks a skeleton cannot replay make the shape opaque (every row rendered by the template);
+    the others are recorded as guards. Either way each row comes out as the template renders it."""
+    look, replayable = LOOKS[name]
+    tok = char_tokenizer()
+    tok.chat_template = TURN.replace("WHAT", look)
+    chats = conversations(random.Random(name), 80)
+    fast = assert_exact(tok, chats)
+    plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    sk = template._skeleton(tok, tok.chat_template, template.shape_of(plain))
+    assert (sk.guards is not None) == replayable
+    assert (fast > 0) == replayable
