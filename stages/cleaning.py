@@ -21,26 +21,30 @@ def fold(text: str) -> str:
     return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
 
 
-def chat_lines(messages: list[dict]) -> list[str]:
-    return [m["role"] + ":" + fold(m["content"]) for m in messages]
+def lines_of(record: dict) -> list[tuple[str, str, bool]]:
+    """The record as (prefix, text, is an answer) lines: its normalized text is each prefix and
+    folded text, one line each; the answers are what the repetition filter reads."""
+    def chat(messages, answers: bool, head: str = ""):
+        return [(head * (i == 0) + m["role"] + ":", m["content"], answers or m["role"] == "assistant")
+                for i, m in enumerate(messages)]
+
+    if "messages" in record:
+        return chat(record["messages"], False)
+    if "text" in record:
+        return [("", record["text"], True)]
+    if "reference" in record:
+        return chat(record["prompt"], False) + [("reference:", record["reference"], True)]
+    return chat(record["prompt"], False) + chat(record["chosen"], True, "chosen:") + \
+        chat(record["rejected"], True, "rejected:")
 
 
 def normalized(record: dict) -> str:
     """The record's text for duplicate detection: roles + contents, case and whitespace folded."""
-    def chat(messages):
-        return "\n".join(chat_lines(messages))
-
-    if "messages" in record:
-        return chat(record["messages"])
-    if "text" in record:
-        return fold(record["text"])
-    if "reference" in record:
-        return chat(record["prompt"]) + "\nreference:" + fold(record["reference"])
-    return chat(record["prompt"]) + "\nchosen:" + chat(record["chosen"]) + "\nrejected:" + chat(record["rejected"])
+    return "\n".join(prefix + fold(text) for prefix, text, _ in lines_of(record))
 
 
-def fingerprint(norm: str) -> bytes:
-    return blake3.blake3(norm.encode()).digest(length=16)
+def fingerprint_of(norm: bytes) -> bytes:
+    return blake3.blake3(norm).digest(length=16)
 
 
 WORD_BYTE = np.zeros(256, dtype=bool)  # ASCII letters, digits, underscore, and every non-ASCII byte
@@ -61,10 +65,13 @@ def _powers_to(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def word_hashes(text: str) -> tuple[np.ndarray, np.ndarray]:
     """A 32-bit hash of each word of `text` (a run of ASCII letters, digits, underscores or
-    non-ASCII characters) and the byte where it starts, all at once with numpy: word =
-    difference of prefix polynomial hashes over the UTF-8 bytes, shifted back to start at
-    PRIME**0, then mixed."""
-    b = np.frombuffer(text.encode(), dtype=np.uint8)
+    non-ASCII characters) and the byte where it starts."""
+    return words_of_bytes(np.frombuffer(text.encode(), dtype=np.uint8))
+
+
+def words_of_bytes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """word_hashes of UTF-8 bytes, all at once with numpy: word = difference of prefix polynomial
+    hashes over the bytes, shifted back to start at PRIME**0, then mixed."""
     edges = np.diff(np.concatenate(([0], WORD_BYTE[b], [0])).astype(np.int8))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     up, down = _powers_to(len(b) + 1)
@@ -97,18 +104,6 @@ def _permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     from datasketch import MinHash
 
     return MinHash(num_perm=num_perm, seed=1, scheme=SCHEME).permutations
-
-
-def signature(grams: np.ndarray, num_perm: int) -> np.ndarray:
-    """MinHash signature of a row's word n-grams (32-bit hashes): what datasketch's
-    MinHash(scheme="affine32", seed=1).update_batch computes from these values, with its own
-    pre-mix and permutations, applied to the array at once. update_batch takes the values one
-    Python call each, which made it 2-3x slower than this for a typical row."""
-    from datasketch.minhash import _fmix
-
-    a, b = _permutations(num_perm)
-    mixed = _fmix(grams.astype(np.uint32)[:, None], 32)
-    return (mixed * a + b).min(axis=0)  # uint32 arithmetic wraps: the scheme's modulo 2**32
 
 
 class NearDuplicates:
@@ -167,41 +162,97 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return common / (len(a) + len(b) - common)
 
 
-def repetition_ratio(texts: list[str], n: int = 3) -> float:
-    """Share of word n-grams that repeat an earlier one: 0 for varied text, near 1 for loops."""
-    return repeated_share([shingle_hashes(fold(t), n) for t in texts if t.strip()])
+def segment_shingles(h: np.ndarray, bounds: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """shingles(h[lo:hi], n) of each (lo, hi) segment of one array of word hashes, concatenated,
+    and how many each segment has: every gram at once, whatever the segments' lengths."""
+    lo, hi = bounds[:, 0], bounds[:, 1]
+    lengths = hi - lo
+    counts = np.maximum(lengths - n + 1, 1)
+    first = np.cumsum(counts) - counts
+    starts = np.repeat(lo, counts) + np.arange(int(counts.sum())) - np.repeat(first, counts)
+    width = np.repeat(np.minimum(lengths, n), counts)  # words in each gram (fewer in a short segment)
+    padded = np.append(h.astype(np.uint64), np.uint64(0))
+    grams = padded[starts]
+    for k in range(1, n):
+        step = (grams * np.uint64(0x9E3779B1) + padded[np.minimum(starts + k, len(h))]) & np.uint64(0xFFFFFFFF)
+        grams = np.where(width > k, step, grams)
+    grams[width == 0] = 0  # a segment without words is one empty word
+    return grams, counts
 
 
-def repeated_share(grams: list[np.ndarray]) -> float:
-    """Repeats counted as equal neighbours in sorted order (4x faster than np.unique on the few
-    hundred n-grams of a row)."""
-    grams = np.sort(np.concatenate(grams or [np.zeros(0)]))
-    if len(grams) < 2:
-        return 0.0
-    return float(np.count_nonzero(grams[1:] == grams[:-1]) / len(grams))
+SIGNATURE_BATCH = 8192  # n-grams hashed under every permutation at once: 4 MiB at 128, in cache
 
 
-def describe(record: dict, dedupe) -> dict:
-    """What cleaning needs to know of one row (its normalized text and answers), computed once
-    and cached with its tokens. A chat row's words are hashed once: its answers' words are
-    those of its assistant lines in the normalized text."""
-    chat = "messages" in record
-    lines = chat_lines(record["messages"]) if chat else []
-    norm = "\n".join(lines) if chat else normalized(record)
-    hashes, starts = word_hashes(norm)
-    if chat:
-        edges, at = [], 0  # byte range of each non-blank answer in `norm`
-        for m, line in zip(record["messages"], lines):
-            size = len(line.encode())
-            if m["role"] == "assistant" and m["content"].strip():
-                edges += [at + len(m["role"].encode()) + 1, at + size]
-            at += size + 1
-        bounds = np.searchsorted(starts, edges).reshape(-1, 2)
-        repetition = repeated_share([shingles(hashes[lo:hi], 3) for lo, hi in bounds])
-    else:
-        repetition = repetition_ratio(rows.answers(record))
-    return {"norm": norm, "fingerprint": fingerprint(norm), "repetition": repetition,
-            "signature": signature(shingles(hashes, dedupe.ngram), dedupe.num_perm) if dedupe.near_threshold else None}
+def signatures(grams: np.ndarray, counts: np.ndarray, num_perm: int) -> np.ndarray:
+    """The MinHash signature of each row's word n-grams (32-bit hashes; the rows' n-grams
+    concatenated, `counts` per row, each >= 1): what datasketch's MinHash(scheme="affine32",
+    seed=1).update_batch computes from these values, with its own pre-mix and permutations,
+    applied to several rows' arrays at once. update_batch takes the values one Python call each."""
+    from datasketch.minhash import _fmix
+
+    a, b = (p[:, None] for p in _permutations(num_perm))
+    mixed = _fmix(grams.astype(np.uint32), 32)
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    out = np.empty((len(counts), num_perm), dtype=np.uint32)
+    work = np.empty((num_perm, max(SIGNATURE_BATCH, int(counts.max(initial=0)))), dtype=np.uint32)
+    row = 0
+    while row < len(counts):  # rows whose n-grams fit the batch (a longer row on its own)
+        stop = max(int(np.searchsorted(ends, starts[row] + SIGNATURE_BATCH, side="right")), row + 1)
+        lo, hi = starts[row], ends[stop - 1]
+        hashed = work[:, : hi - lo]
+        np.multiply(a, mixed[lo:hi], out=hashed)  # uint32 arithmetic wraps: the scheme's modulo 2**32
+        np.add(hashed, b, out=hashed)
+        out[row:stop] = np.minimum.reduceat(hashed, starts[row:stop] - lo, axis=1).T
+        row = stop
+    return out
+
+
+DESCRIBE_BATCH = 256  # rows hashed together (their bytes, times the temporaries, stay a few MB)
+
+
+def describe(records: list[dict], dedupe) -> dict[str, np.ndarray]:
+    """What cleaning needs to know of each row, computed once and kept with its tokens, as
+    arrays: `fingerprint` (n, 16) of the normalized text, `repetition` (n,) of the answers,
+    and with near dedupe on the MinHash `signature` (n, num_perm) of the normalized text's
+    word n-grams. Rows are hashed in batches (numpy's cost per call is paid per batch, not
+    per row), and a row's answers' n-grams are slices of its normalized text's words."""
+    batches = [describe_batch(records[i: i + DESCRIBE_BATCH], dedupe) for i in range(0, len(records), DESCRIBE_BATCH)]
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+
+def describe_batch(records: list[dict], dedupe) -> dict[str, np.ndarray]:
+    texts, answers, at = [], [], 0  # answers: (row, byte range) of each non-blank answer in the joined texts
+    for row, record in enumerate(records):
+        lines = []
+        for prefix, text, is_answer in lines_of(record):
+            line = (prefix + fold(text)).encode()
+            if is_answer and text.strip():
+                answers.append((row, at + len(prefix.encode()), at + len(line)))
+            lines.append(line)
+            at += len(line) + 1
+        texts.append(b"\n".join(lines))
+    hashes, word_starts = words_of_bytes(np.frombuffer(b"\n".join(texts), dtype=np.uint8))
+    sizes = np.array([len(t) + 1 for t in texts], dtype=np.int64)
+    out = {"fingerprint": np.frombuffer(b"".join(map(fingerprint_of, texts)), dtype=np.uint8).reshape(-1, 16)}
+    answers = np.array(answers, dtype=np.int64).reshape(-1, 3)
+    grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, answers[:, 1:]), 3)
+    out["repetition"] = repeated_shares(grams, np.repeat(answers[:, 0], counts), len(texts))
+    if dedupe.near_threshold:
+        rows = np.stack([np.cumsum(sizes) - sizes, np.cumsum(sizes)], axis=1)
+        grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, rows), dedupe.ngram)
+        out["signature"] = signatures(grams, counts, dedupe.num_perm)
+    return out
+
+
+def repeated_shares(grams: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """For each of n rows, the share of its n-grams (`rows` says whose each gram is) that repeat
+    an earlier one of the row: 0 for varied text, near 1 for loops. Repeats are equal neighbours
+    once sorted by (row, gram)."""
+    keys = np.sort((rows.astype(np.uint64) << np.uint64(32)) | grams.astype(np.uint64))
+    repeats = np.bincount((keys[1:][keys[1:] == keys[:-1]] >> np.uint64(32)).astype(np.int64), minlength=n)
+    totals = np.bincount(rows, minlength=n)
+    return (repeats / np.maximum(totals, 1)).astype(np.float32)
 
 
 class Cleaner:

@@ -46,10 +46,10 @@ def extra_inputs(recipe, root: Path, store) -> dict:
     return digests
 
 
-def split_hash(norm: str, seed: int) -> int:
-    """A stable split: a row's side depends on its own content alone, not on its neighbours.
-    The row is held out when this 32-bit hash is below fraction * 2**32."""
-    return int(blake3.blake3(f"{seed}\0{norm}".encode()).hexdigest()[:8], 16)
+def split_hash(fingerprint: bytes, seed: int) -> int:
+    """A stable split: a row's side depends on its own (normalized) content alone, not on its
+    neighbours. The row is held out when this 32-bit hash is below fraction * 2**32."""
+    return int.from_bytes(blake3.blake3(f"{seed}\0".encode() + fingerprint).digest(length=4), "big")
 
 
 def pack(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -282,14 +282,8 @@ def part_inputs(ctx, src, kind: str) -> dict:
 
 def prepare_chunk(chunk: list[dict], kind: str, tok, data) -> dict[str, np.ndarray]:
     """Cleaning facts and tokens of a chunk of rows, as arrays (runs in a worker process)."""
-    facts = [cleaning.describe(r, data.dedupe) for r in chunk]
-    arrays = {
-        "fingerprint": np.frombuffer(b"".join(f["fingerprint"] for f in facts), dtype=np.uint8).reshape(-1, 16),
-        "split": np.array([split_hash(f["norm"], data.seed) for f in facts], dtype=np.uint32),
-        "repetition": np.array([f["repetition"] for f in facts], dtype=np.float32),
-    }
-    if data.dedupe.near_threshold:
-        arrays["signature"] = np.stack([f["signature"] for f in facts]).astype(np.uint32)
+    arrays = cleaning.describe(chunk, data.dedupe)
+    arrays["split"] = np.array([split_hash(f.tobytes(), data.seed) for f in arrays["fingerprint"]], dtype=np.uint32)
     docs = [doc for i in range(0, len(chunk), TOKENIZE_BATCH) for doc in tokenize(tok, kind, chunk[i: i + TOKENIZE_BATCH])]
     for key in ("ids", "rejected_ids") if kind == "preference" else ("ids",):
         mask_key = key.replace("ids", "mask")

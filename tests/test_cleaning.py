@@ -29,10 +29,11 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
-    facts = [cleaning.describe(r, settings) for r in records]
-    signatures = [np.stack([f["signature"] for f in facts])] if settings.near_threshold else []
+    facts = cleaning.describe(records, settings)
+    signatures = [facts["signature"]] if settings.near_threshold else []
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None), signatures)
-    return [cleaner.drop_reason(f["fingerprint"], f["repetition"], lambda r=r: r) for f, r in zip(facts, records)]
+    return [cleaner.drop_reason(f.tobytes(), float(rep), lambda r=r: r)
+            for f, rep, r in zip(facts["fingerprint"], facts["repetition"], records)]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
@@ -70,42 +71,64 @@ def test_repetition_filter():
                            {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
     settings = DedupeSection(near_threshold=None)
     cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
-    for record, reason in ((loop, "repetitive"), (varied, None)):
-        facts = cleaning.describe(record, settings)
-        assert cleaner.drop_reason(facts["fingerprint"], facts["repetition"], lambda: record) == reason
+    facts = cleaning.describe([loop, varied], settings)
+    for i, (record, reason) in enumerate(((loop, "repetitive"), (varied, None))):
+        assert cleaner.drop_reason(facts["fingerprint"][i].tobytes(), float(facts["repetition"][i]), lambda: record) == reason
 
 
-def test_a_chat_rows_facts_are_those_of_its_own_texts():
-    """describe hashes a chat row's words once and takes its answers' n-grams from the normalized
-    text: the same repetition and signature as computing each from its own text, on real rows
-    and on rows with Unicode whitespace, blank answers and answers without words."""
+def repetition_of(texts: list[str], n: int = 3) -> float:
+    """The repetition ratio, by its definition, from a row's own answers: the share of word n-grams
+    (each non-blank answer on its own) equal to another of the row's."""
+    grams = [cleaning.shingle_hashes(cleaning.fold(t), n) for t in texts if t.strip()]
+    grams = np.sort(np.concatenate(grams)) if grams else np.zeros(0)
+    return 0.0 if len(grams) < 2 else float(np.count_nonzero(grams[1:] == grams[:-1]) / len(grams))
+
+
+def minhash(text: str, settings) -> np.ndarray:
+    """datasketch's own MinHash of a normalized text's word n-grams."""
+    from datasketch import MinHash
+
+    theirs = MinHash(num_perm=settings.num_perm, seed=1, scheme=cleaning.SCHEME, hashfunc=int)
+    theirs.update_batch(cleaning.shingle_hashes(text, settings.ngram).tolist())
+    return theirs.hashvalues
+
+
+def test_described_rows_are_their_own_texts_hashed():
+    """describe hashes many rows at once and takes each row's answers' n-grams from its normalized
+    text: the fingerprint, repetition ratio and signature of every row are those computed from the
+    row's own texts, on real rows and on rows with Unicode whitespace, blank answers, answers
+    without words, and every record kind, across batch boundaries."""
+    import blake3
+
     rng = random.Random(0)
     pieces = [" word", " Word", " cat", " ", "\u3000", "\xa0", "\n", "é", "!!", "12", "_", "\t", "ſ"]
     records = records_of(GSM8K.read_text().splitlines()[:300]) if GSM8K.is_file() else []
+
+    def text():
+        return "".join(rng.choices(pieces, k=rng.randint(0, 80)))
+
     for _ in range(300):
-        messages = [{"role": role, "content": "".join(rng.choices(pieces, k=rng.randint(0, 80)))}
+        messages = [{"role": role, "content": text()}
                     for role in rng.choice([["user", "assistant"], ["system", "user", "assistant", "user", "assistant"]])]
-        records.append({"messages": messages})
-    settings = DedupeSection(near_threshold=0.8)
-    for record in records:
-        facts = cleaning.describe(record, settings)
-        norm = cleaning.normalized(record)
-        assert facts["norm"] == norm
-        assert facts["repetition"] == cleaning.repetition_ratio(rows.answers(record)), record
-        assert np.array_equal(facts["signature"], cleaning.signature(cleaning.shingle_hashes(norm, settings.ngram),
-                                                                     settings.num_perm))
+        records.append(rng.choice([{"messages": messages}, {"text": text()},
+                                   {"prompt": messages[:1], "reference": text()},
+                                   {"prompt": messages[:1], "chosen": messages[1:2], "rejected": messages[-1:]}]))
+    for settings in (DedupeSection(near_threshold=0.8), DedupeSection(ngram=3, num_perm=16)):
+        facts = cleaning.describe(records, settings)
+        for i, record in enumerate(records):
+            norm = cleaning.normalized(record)
+            assert facts["fingerprint"][i].tobytes() == blake3.blake3(norm.encode()).digest(length=16)
+            assert facts["repetition"][i] == np.float32(repetition_of(rows.answers(record))), record
+            assert np.array_equal(facts["signature"][i], minhash(norm, settings)), record
 
 
-def test_signature_is_datasketchs_minhash():
-    """The array-at-once signature is datasketch's own MinHash of the same n-gram hashes, on real
-    rows (GSM8K where present) and on rows of one, two and many words."""
-    from datasketch import MinHash
-
+def test_signatures_are_datasketchs_minhash():
+    """Many rows' signatures at once are datasketch's own MinHash of each row's n-grams, for rows
+    of one, two and many words, and across the batches signatures() splits the work into."""
     texts = [cleaning.normalized(r) for r in records_of(GSM8K.read_text().splitlines()[:200])] if GSM8K.is_file() else []
-    texts += ["", "one", "two words", " ".join(f"w{i}" for i in range(5000))]
-    for text in texts:
-        grams = cleaning.shingle_hashes(text, 3)
-        for num_perm in (16, 128):
-            theirs = MinHash(num_perm=num_perm, seed=1, scheme=cleaning.SCHEME, hashfunc=int)
-            theirs.update_batch(grams.tolist())
-            assert np.array_equal(cleaning.signature(grams, num_perm), theirs.hashvalues), text[:80]
+    texts += ["", "one", "two words", " ".join(f"w{i}" for i in range(80000))]
+    settings = DedupeSection(ngram=3)
+    grams = [cleaning.shingle_hashes(t, 3) for t in texts]
+    ours = cleaning.signatures(np.concatenate(grams), np.array([len(g) for g in grams]), settings.num_perm)
+    for text, got in zip(texts, ours):
+        assert np.array_equal(got, minhash(text, settings)), text[:80]

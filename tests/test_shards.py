@@ -48,7 +48,9 @@ def test_packed_documents_do_not_attend_to_each_other(tmp_path):
 
 
 def test_heldout_split_is_the_asked_fraction_and_follows_the_seed():
-    rows = [f"user:what is {i} + 1?\nassistant:{i + 1}" for i in range(2000)]
+    from stages.cleaning import fingerprint_of
+
+    rows = [fingerprint_of(f"user:what is {i} + 1?\nassistant:{i + 1}".encode()) for i in range(2000)]
     held = [shards.split_hash(r, 0) < 0.1 * 2**32 for r in rows]
     assert 150 < sum(held) < 250
     assert [shards.split_hash(r, 1) < 0.1 * 2**32 for r in rows] != held
