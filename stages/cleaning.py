@@ -122,12 +122,13 @@ class NearDuplicates:
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8))
         self.threshold, self.ngram, self.bands, self.rows = threshold, ngram, lsh.b, lsh.r
         keys = [self.band_keys(chunk) for chunk in signature_chunks]
-        keys = np.concatenate(keys) if keys else np.zeros((0, self.bands), dtype=np.uint64)
-        self.bucket = np.empty(keys.shape, dtype=np.int64)
-        self.shared = np.empty(keys.shape, dtype=bool)
+        self.keys = np.concatenate(keys) if keys else np.zeros((0, self.bands), dtype=np.uint64)  # a bucket per key
+        self.shared = np.zeros(self.keys.shape, dtype=bool)
         for band in range(self.bands):
-            _, inverse, counts = np.unique(keys[:, band], return_inverse=True, return_counts=True)
-            self.bucket[:, band], self.shared[:, band] = inverse, counts[inverse] > 1
+            ordered = np.sort(self.keys[:, band])
+            repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+            if len(repeated):
+                self.shared[:, band] = np.isin(self.keys[:, band], repeated)
         self.members: dict[tuple[int, int], list[int]] = {}
         self.kept: dict[int, np.ndarray] = {}  # n-gram sets of kept rows that share a bucket
 
@@ -146,7 +147,7 @@ class NearDuplicates:
         if not len(bands):
             return False  # no other row falls in any of its buckets
         grams = np.unique(shingle_hashes(normalized(record()), self.ngram))
-        buckets = [(int(band), int(self.bucket[i, band])) for band in bands]
+        buckets = [(int(band), int(self.keys[i, band])) for band in bands]
         candidates = sorted({j for b in buckets for j in self.members.get(b, ())})
         if any(jaccard(self.kept[j], grams) >= self.threshold for j in candidates):
             return True
@@ -255,26 +256,25 @@ def repeated_shares(grams: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     return (repeats / np.maximum(totals, 1)).astype(np.float32)
 
 
-class Cleaner:
-    """Decides, row by row in a fixed order, whether a row is dropped and why. With near dedupe
-    on, `signature_chunks` are every row's signatures, in the order rows will be presented."""
+REASONS = ("exact_duplicate", "near_duplicate", "repetitive")
 
-    def __init__(self, dedupe, filters, signature_chunks=()):
-        self.filters = filters
-        self.exact: set[bytes] = set()
-        self.row = -1
-        self.near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks) \
-            if dedupe.near_threshold else None
 
-    def drop_reason(self, fingerprint: bytes, repetition: float, record) -> str | None:
-        """`record` returns the row's record: read only for rows near dedupe must compare."""
-        self.row += 1
-        if fingerprint in self.exact:
-            return "exact_duplicate"
-        self.exact.add(fingerprint)
-        if self.near is not None and self.near.seen(self.row, record):
-            return "near_duplicate"
-        limit = self.filters.max_repetition
-        if limit is not None and repetition > limit:
-            return "repetitive"
-        return None
+def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filters, signature_chunks,
+                 record) -> np.ndarray:
+    """Why each row is dropped (0 kept, else 1 + the index in REASONS), deciding as if row by row
+    in their fixed order, so the first row of a group of duplicates is kept, on every machine:
+    a row is an exact duplicate of any earlier row with its fingerprint; else, with near dedupe
+    on, a near duplicate of an earlier kept row (signature_chunks() gives every row's signature
+    in order; record(i) gives row i's record, asked only of rows that share an LSH bucket); else
+    repetitive above filters.max_repetition."""
+    codes = np.ones(len(fingerprints), dtype=np.int8)
+    _, first = np.unique(np.ascontiguousarray(fingerprints).view(np.dtype((np.void, 16))).ravel(), return_index=True)
+    codes[first] = 0
+    if dedupe.near_threshold:
+        near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks())
+        for i in np.flatnonzero(near.shared.any(axis=1) & (codes == 0)).tolist():
+            if near.seen(i, lambda i=i: record(i)):
+                codes[i] = 2
+    if filters.max_repetition is not None:
+        codes[(codes == 0) & (repetition.astype(np.float64) > filters.max_repetition)] = 3
+    return codes

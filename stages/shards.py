@@ -167,107 +167,122 @@ def tokenize(tok, kind: str, batch: list[dict]) -> list[dict]:
             for ids, r in zip(encode_texts(tok, prompts), batch)]
 
 
-class Writer:
-    """Accepts tokenized documents (arrays of ids and masks), applies length rules, and writes
-    shards window by window."""
+LENGTH_REASONS = ("too_short", "too_long", "no_loss_tokens")
 
-    def __init__(self, out: Path, kind: str, data, pad_id: int, dropped: Counter):
-        self.out, self.kind, self.data, self.pad_id, self.dropped = out / "train", kind, data, pad_id, dropped
-        self.out.mkdir()
-        self.window: list[dict] = []
-        self._buffers = [np.empty((0, data.max_length), dtype=np.int32)] * 3
-        self.shards = 0
-        self.counts = Counter()
 
-    def add(self, doc: dict) -> None:
-        f, L = self.data.filters, self.data.max_length
-        n = max(len(doc["ids"]), len(doc.get("rejected_ids", ())))
-        if n < f.min_tokens:
-            self.dropped["too_short"] += 1
-            return
-        if (f.max_tokens and n > f.max_tokens) or (n > L and self.data.truncation == "drop"):
-            self.dropped["too_long"] += 1
-            return
-        if n > L:
-            doc = {k: v if isinstance(v, str) else v[:L] for k, v in doc.items()}
-            self.counts["truncated_kept"] += 1
-        loss_tokens = int(doc["mask"].sum()) + int(doc["rejected_mask"].sum() if "rejected_mask" in doc else 0)
-        if self.kind != "prompt" and not loss_tokens:
-            self.dropped["no_loss_tokens"] += 1
-            return
-        self.counts["documents"] += 1
-        self.counts["tokens"] += len(doc["ids"])
-        self.counts["loss_tokens"] += loss_tokens
-        self.window.append(doc)
-        if len(self.window) == PACK_WINDOW:
-            self.flush()
+def counted(codes: np.ndarray, reasons: tuple[str, ...]) -> dict[str, int]:
+    """Drop counts by reason, from codes (0 kept, else 1 + the reason's index)."""
+    return {r: int(n) for r, n in zip(reasons, np.bincount(codes, minlength=len(reasons) + 1)[1:]) if n}
 
-    def flush(self) -> None:
-        if not self.window:
-            return
-        path = self.out / f"shard-{self.shards:05d}.safetensors"
-        if self.kind in ("chat", "text"):
-            self.write_packed(path)
-        else:
-            self.write_ragged(path)
-        self.shards += 1
-        self.window = []
 
-    def write_packed(self, path: Path) -> None:
-        from safetensors.numpy import save_file
+def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, kind: str):
+    """The length rules, for documents whose longer side has `longest` tokens and `loss` tokens
+    of loss: (codes, 0 kept else 1 + the index in LENGTH_REASONS; which are kept cut to
+    max_length; loss tokens of each once cut). loss_when_cut(at) counts again the loss of the
+    documents at `at` that are cut: some of it may lie past max_length."""
+    f, L = data.filters, data.max_length
+    codes = np.zeros(len(longest), dtype=np.int8)
+    codes[longest < f.min_tokens] = 1
+    too_long = (longest > L) if data.truncation == "drop" else np.zeros(len(longest), dtype=bool)
+    if f.max_tokens:
+        too_long |= longest > f.max_tokens
+    codes[(codes == 0) & too_long] = 2
+    cut = np.flatnonzero((codes == 0) & (longest > L))
+    loss = loss.astype(np.int64)
+    loss[cut] = loss_when_cut(cut)
+    if kind != "prompt":
+        codes[(codes == 0) & (loss == 0)] = 3
+    return codes, cut[codes[cut] == 0], loss
 
-        L, docs = self.data.max_length, self.window
-        bins = pack([len(d["ids"]) for d in docs], L)
-        n = len(bins)
-        input_ids, labels, position_ids = self.buffers(n)
-        input_ids.fill(self.pad_id)
-        labels.fill(IGNORE)
-        counting = np.arange(L, dtype=np.int32)
-        boundaries = []  # (sequence, start, length) of every document
-        for s, members in enumerate(bins):
-            at = 0
-            for d in members:
-                ids, k = docs[d]["ids"], len(docs[d]["ids"])
-                input_ids[s, at: at + k] = ids
-                labels[s, at: at + k] = np.where(docs[d]["mask"].view(bool), ids, IGNORE)
-                position_ids[s, at: at + k] = counting[:k]
-                boundaries.append((s, at, k))
-                at += k
-            position_ids[s, at:] = counting[: L - at]  # padding is its own document, with no loss
-        save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
-                   "documents": np.array(boundaries, dtype=np.int32).reshape(-1, 3)},
-                  str(path), metadata={"max_length": str(L)})
-        self.counts["sequences"] += n
 
-    def buffers(self, n: int) -> list[np.ndarray]:
-        """Three n x max_length int32 arrays, reused from window to window: fresh ones cost a
-        page fault per 4 KiB written."""
-        if len(self._buffers[0]) < n:
-            self._buffers = [np.empty((n, self.data.max_length), dtype=np.int32) for _ in range(3)]
-        return [b[:n] for b in self._buffers]
+def write_packed(path: Path, docs: list[dict], L: int, pad_id: int) -> int:
+    """Documents packed best-fit-decreasing into sequences of L tokens; returns how many."""
+    from safetensors.numpy import save_file
 
-    def write_ragged(self, path: Path) -> None:
-        """Unpacked documents as flat arrays plus offsets (preference pairs, prompts)."""
-        from safetensors.numpy import save_file
+    bins = pack([len(d["ids"]) for d in docs], L)
+    n = len(bins)
+    input_ids, labels, position_ids = shard_buffers(n, L)
+    input_ids.fill(pad_id)
+    labels.fill(IGNORE)
+    counting = np.arange(L, dtype=np.int32)
+    boundaries = []  # (sequence, start, length) of every document
+    for s, members in enumerate(bins):
+        at = 0
+        for d in members:
+            ids, k = docs[d]["ids"], len(docs[d]["ids"])
+            input_ids[s, at: at + k] = ids
+            labels[s, at: at + k] = np.where(docs[d]["mask"].view(bool), ids, IGNORE)
+            position_ids[s, at: at + k] = counting[:k]
+            boundaries.append((s, at, k))
+            at += k
+        position_ids[s, at:] = counting[: L - at]  # padding is its own document, with no loss
+    save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
+               "documents": np.array(boundaries, dtype=np.int32).reshape(-1, 3)},
+              str(path), metadata={"max_length": str(L)})
+    return n
 
-        def flat(key, mask_key=None):
-            seqs = [d[key] for d in self.window]
-            arrays = {f"{key}": np.concatenate([np.array(s, dtype=np.int32) for s in seqs]),
-                      f"{key}_offsets": np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)}
-            if mask_key:
-                arrays[f"{key}_labels"] = np.concatenate([np.where(np.array(d[mask_key], dtype=bool),
-                                                                   np.array(d[key], dtype=np.int32), IGNORE)
-                                                          for d in self.window]).astype(np.int32)
-            return arrays
 
-        if self.kind == "preference":
-            tensors = {**flat("ids", "mask"), **flat("rejected_ids", "rejected_mask")}
-        else:
-            tensors = flat("ids")
-            with open(path.with_suffix(".references.jsonl"), "w") as f:
-                for d in self.window:
-                    f.write(json.dumps(d["reference"], ensure_ascii=False) + "\n")
-        save_file(tensors, str(path))
+def shard_buffers(n: int, L: int) -> list[np.ndarray]:
+    """Three n x L int32 arrays, reused by a process from shard to shard: fresh ones cost a
+    page fault per 4 KiB written."""
+    have = _worker.get("buffers")
+    if have is None or have[0].shape[0] < n or have[0].shape[1] != L:
+        have = _worker["buffers"] = [np.empty((n, L), dtype=np.int32) for _ in range(3)]
+    return [b[:n] for b in have]
+
+
+def write_ragged(path: Path, docs: list[dict], kind: str) -> None:
+    """Unpacked documents as flat arrays plus offsets (preference pairs, prompts)."""
+    from safetensors.numpy import save_file
+
+    def flat(key, mask_key=None):
+        arrays = {key: np.concatenate([d[key] for d in docs]).astype(np.int32),
+                  f"{key}_offsets": np.cumsum([0] + [len(d[key]) for d in docs]).astype(np.int64)}
+        if mask_key:
+            arrays[f"{key}_labels"] = np.concatenate([np.where(d[mask_key].view(bool), d[key], IGNORE)
+                                                      for d in docs]).astype(np.int32)
+        return arrays
+
+    if kind == "preference":
+        tensors = {**flat("ids", "mask"), **flat("rejected_ids", "rejected_mask")}
+    else:
+        tensors = flat("ids")
+        with open(path.with_suffix(".references.jsonl"), "w") as f:
+            for d in docs:
+                f.write(json.dumps(d["reference"], ensure_ascii=False) + "\n")
+    save_file(tensors, str(path))
+
+
+def write_shard(path: Path, chunks: list, at: np.ndarray, kind: str, L: int, pad_id: int) -> int:
+    """One shard of documents, given as (chunk, row in it) and cut to L tokens; returns the
+    sequences written (0 for the unpacked kinds). Runs in a worker."""
+    docs = [None] * len(at)
+    for c in np.unique(at[:, 0]):
+        where = np.flatnonzero(at[:, 0] == c)
+        for k, doc in zip(where, chunk_docs(*chunks[c], at[where, 1], kind)):
+            docs[k] = {key: v if isinstance(v, str) else v[:L] for key, v in doc.items()}
+    if kind in ("chat", "text"):
+        return write_packed(path, docs, L, pad_id)
+    write_ragged(path, docs, kind)
+    return 0
+
+
+def write_shards(out: Path, prepared, docs: np.ndarray, kind: str, L: int, pad_id: int) -> tuple[int, int]:
+    """The documents at rows `docs`, in order, PACK_WINDOW to a shard; shards are written by one
+    worker process per core. Returns (sequences, shards)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from tqdm import tqdm
+
+    out.mkdir()
+    windows = [docs[i: i + PACK_WINDOW] for i in range(0, len(docs), PACK_WINDOW)]
+    with ProcessPoolExecutor(min(os.cpu_count() or 1, max(len(windows), 1)), mp_context=get_context("fork")) as pool:
+        futures = [pool.submit(write_shard, out / f"shard-{k:05d}.safetensors", prepared.chunks,
+                               np.stack([prepared.chunk_of[w], prepared.local[w]], axis=1), kind, L, pad_id)
+                   for k, w in enumerate(windows)]
+        sequences = sum(f.result() for f in tqdm(futures, desc="shards", unit=" shards"))
+    return sequences, len(windows)
 
 
 def part_inputs(ctx, src, kind: str) -> dict:
@@ -285,11 +300,13 @@ def prepare_chunk(chunk: list[dict], kind: str, tok, data) -> dict[str, np.ndarr
     arrays = cleaning.describe(chunk, data.dedupe)
     arrays["split"] = np.array([split_hash(f.tobytes(), data.seed) for f in arrays["fingerprint"]], dtype=np.uint32)
     docs = [doc for i in range(0, len(chunk), TOKENIZE_BATCH) for doc in tokenize(tok, kind, chunk[i: i + TOKENIZE_BATCH])]
-    for key in ("ids", "rejected_ids") if kind == "preference" else ("ids",):
+    arrays["loss_tokens"] = np.zeros(len(docs), dtype=np.int64)
+    for key in SIDES.get(kind, ("ids",)):
         mask_key = key.replace("ids", "mask")
         arrays[key] = np.concatenate([np.asarray(doc[key], dtype=np.int32) for doc in docs])
         arrays[f"{key}_offsets"] = np.cumsum([0] + [len(doc[key]) for doc in docs]).astype(np.int64)
         arrays[mask_key] = np.concatenate([np.asarray(doc[mask_key], dtype=np.uint8) for doc in docs])
+        arrays["loss_tokens"] += [int(doc[mask_key].sum()) for doc in docs]
     return arrays
 
 
@@ -365,30 +382,90 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
                                                indent=1, sort_keys=True) + "\n")
 
 
-def prepared_rows(part: Path, src, kind: str):
-    """(cleaning facts, split hash, tokenized doc, record) for each row of a prepared source, in
-    order; `record` returns the row's canonical record (parsed only where it is needed)."""
-    from safetensors import safe_open
-    from safetensors.numpy import load_file
+SIDES = {"preference": ("ids", "rejected_ids")}
 
-    for path in sorted(part.glob("chunk-*.safetensors")):
-        a = load_file(str(path))
-        with safe_open(str(path), "np") as f:
-            from_source = f.metadata()["rows"] == "source"
-        stored, bounds = path.with_suffix(".rows").read_bytes(), a["row_offsets"].tolist()
-        sides = ("ids", "rejected_ids") if kind == "preference" else ("ids",)
-        offsets = {key: a[f"{key}_offsets"].tolist() for key in sides}
-        fingerprints, repetition, split = a["fingerprint"], a["repetition"].tolist(), a["split"].tolist()
-        for i in range(len(bounds) - 1):
-            line = stored[bounds[i]: bounds[i + 1] - 1]
-            record = functools.partial(stored_record, line, from_source, src, kind)
-            doc = {}
-            for key in sides:
-                lo, hi = offsets[key][i], offsets[key][i + 1]
-                doc[key], doc[key.replace("ids", "mask")] = a[key][lo:hi], a[key.replace("ids", "mask")][lo:hi]
-            if kind == "prompt":
-                doc["reference"] = record()["reference"]
-            yield {"fingerprint": fingerprints[i].tobytes(), "repetition": repetition[i]}, split[i], doc, record
+
+def chunk_docs(path: Path, src, rows_at: np.ndarray, kind: str) -> list[dict]:
+    """The tokenized documents of some rows of one prepared chunk (ids and masks, both sides of
+    a pair, and a prompt's reference answer)."""
+    from safetensors import safe_open
+
+    docs = [{} for _ in rows_at]
+    with safe_open(str(path), "np") as f:
+        for key in SIDES.get(kind, ("ids",)):
+            offsets, ids, mask = (f.get_tensor(k) for k in (f"{key}_offsets", key, key.replace("ids", "mask")))
+            for doc, i in zip(docs, rows_at):
+                lo, hi = offsets[i], offsets[i + 1]
+                doc[key], doc[key.replace("ids", "mask")] = ids[lo:hi], mask[lo:hi]
+    if kind == "prompt":
+        for doc, record in zip(docs, chunk_records(path, src, rows_at, kind)):
+            doc["reference"] = record["reference"]
+    return docs
+
+
+def chunk_records(path: Path, src, rows_at, kind: str) -> list[dict]:
+    """The canonical records of some rows of one prepared chunk."""
+    stored, bounds, from_source = chunk_rows(path)
+    return [stored_record(stored[bounds[i]: bounds[i + 1] - 1], from_source, src, kind) for i in rows_at]
+
+
+@functools.lru_cache(maxsize=2)
+def chunk_rows(path: Path) -> tuple[bytes, np.ndarray, bool]:
+    """A prepared chunk's rows as stored, where each begins, and whether they are source lines
+    (kept while near dedupe asks for records of the same chunk, row after row)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        from_source, bounds = f.metadata()["rows"] == "source", f.get_tensor("row_offsets")
+    return path.with_suffix(".rows").read_bytes(), bounds, from_source
+
+
+class Prepared:
+    """Every prepared row of a recipe's sources, in order: what cleaning and the length rules
+    read, as arrays over all rows (`lengths`: tokens of the document, or of a pair's chosen
+    side; `longest`: of its longer side), and each row's record or tokens read where needed."""
+
+    def __init__(self, parts: list[Path], sources, kind: str):
+        from safetensors import safe_open
+
+        self.kind = kind
+        self.chunks = [(path, src) for part, src in zip(parts, sources) for path in sorted(part.glob("chunk-*.safetensors"))]
+        facts = {key: [] for key in ("fingerprint", "repetition", "split", "loss_tokens", "lengths", "longest")}
+        for path, _ in self.chunks:
+            with safe_open(str(path), "np") as f:
+                for key in ("fingerprint", "repetition", "split", "loss_tokens"):
+                    facts[key].append(f.get_tensor(key))
+                sides = [np.diff(f.get_tensor(f"{key}_offsets")) for key in SIDES.get(kind, ("ids",))]
+            facts["lengths"].append(sides[0])
+            facts["longest"].append(np.max(sides, axis=0))
+        sizes = np.array([len(a) for a in facts["split"]], dtype=np.int64)
+        self.fingerprint, self.repetition, self.split, self.loss_tokens, self.lengths, self.longest = (
+            np.concatenate(facts[key]) if self.chunks else np.zeros(0, dtype=np.int64) for key in facts)
+        self.chunk_of = np.repeat(np.arange(len(self.chunks)), sizes)
+        self.local = np.arange(len(self.chunk_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+    def signature_chunks(self):
+        from safetensors import safe_open
+
+        for path, _ in self.chunks:
+            with safe_open(str(path), "np") as f:
+                yield f.get_tensor("signature")
+
+    def records(self, rows_at: np.ndarray):
+        """The records of these rows (in increasing order), a chunk at a time."""
+        for c in np.unique(self.chunk_of[rows_at]):
+            yield from chunk_records(*self.chunks[c], self.local[rows_at[self.chunk_of[rows_at] == c]], self.kind)
+
+    def record(self, i: int) -> dict:
+        return chunk_records(*self.chunks[self.chunk_of[i]], self.local[i: i + 1], self.kind)[0]
+
+    def loss_up_to(self, rows_at: np.ndarray, cut: int) -> np.ndarray:
+        """Loss tokens among the first `cut` tokens of each of these rows (both sides of a pair)."""
+        out = np.zeros(len(rows_at), dtype=np.int64)
+        for k, i in enumerate(rows_at):
+            doc = chunk_docs(*self.chunks[self.chunk_of[i]], self.local[i: i + 1], self.kind)[0]
+            out[k] = sum(int(doc[key.replace("ids", "mask")][:cut].sum()) for key in SIDES.get(self.kind, ("ids",)))
+        return out
 
 
 def stored_record(line: bytes, from_source: bool, src, kind: str) -> dict:
@@ -398,7 +475,6 @@ def stored_record(line: bytes, from_source: bool, src, kind: str) -> dict:
 
 
 def build(ctx, out: Path) -> None:
-    from safetensors import safe_open
     from transformers import AutoTokenizer
 
     data, kind = ctx.recipe.data, rows.KIND_OF_METHOD[ctx.recipe.train.method]
@@ -413,29 +489,30 @@ def build(ctx, out: Path) -> None:
         rows_in[label_of(src)] = part_stats["rows_in"]
         dropped.update(part_stats["dropped"])
         parts.append(part)
-    signatures = (safe_open(str(chunk), "np").get_tensor("signature")
-                  for part in parts for chunk in sorted(part.glob("chunk-*.safetensors")))
-    cleaner = cleaning.Cleaner(data.dedupe, data.filters, signatures if data.dedupe.near_threshold else ())
-    writer = Writer(out, kind, data, tok.pad_token_id, dropped)
+    prepared = Prepared(parts, data.sources, kind)
+    codes = cleaning.drop_reasons(prepared.fingerprint, prepared.repetition, data.dedupe, data.filters,
+                                  prepared.signature_chunks, prepared.record)
+    dropped.update(counted(codes, cleaning.REASONS))
+    kept = np.flatnonzero(codes == 0)
+    cutoff = data.heldout_fraction * 2**32
+    held, train = kept[prepared.split[kept] < cutoff], kept[prepared.split[kept] >= cutoff]
     (out / "heldout").mkdir()
-    kept_heldout, cutoff = 0, data.heldout_fraction * 2**32
-    with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as heldout:
-        for part, src in zip(parts, data.sources):
-            for facts, split, doc, record in prepared_rows(part, src, kind):
-                reason = cleaner.drop_reason(**facts, record=record)
-                if reason:
-                    dropped[reason] += 1
-                elif split < cutoff:
-                    heldout.write(json.dumps(record(), ensure_ascii=False, sort_keys=True) + "\n")
-                    kept_heldout += 1
-                else:
-                    writer.add(doc)
-    writer.flush()
-    if not writer.shards:
+    with open(out / "heldout" / "heldout.jsonl", "w", encoding="utf-8") as f:
+        for record in prepared.records(held):
+            f.write(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n")
+
+    L = data.max_length
+    codes, cut, loss = length_rules(prepared.longest[train], prepared.loss_tokens[train],
+                                    lambda at: prepared.loss_up_to(train[at], L), data, kind)
+    dropped.update(counted(codes, LENGTH_REASONS))
+    docs = train[codes == 0]
+    if not len(docs):
         raise UserError(f"data: no training rows left after cleaning (dropped {dict(dropped)}); "
                         f"check the sources and filters")
-
-    c = writer.counts
+    sequences, shards = write_shards(out / "train", prepared, docs, kind, L, tok.pad_token_id)
+    c = {"documents": len(docs), "tokens": int(np.minimum(prepared.lengths[docs], L).sum()),
+         "loss_tokens": int(loss[codes == 0].sum()), "truncated_kept": len(cut), "sequences": sequences}
+    kept_heldout = len(held)
     stats = {
         "kind": kind,
         "rows_in": dict(sorted(rows_in.items())),
@@ -445,7 +522,7 @@ def build(ctx, out: Path) -> None:
         "truncated_kept": c["truncated_kept"],
         "tokens": c["tokens"],
         "loss_tokens": c["loss_tokens"],
-        "shards": writer.shards,
+        "shards": shards,
     }
     if kind in ("chat", "text"):
         stats.update(sequences=c["sequences"], sequence_length=data.max_length,

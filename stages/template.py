@@ -238,24 +238,28 @@ def loss_mask(ids: np.ndarray, starts: np.ndarray, nonempty: np.ndarray, spans: 
     return mask
 
 
-def encode_by_words(cache, text: str, spans: list[tuple[int, int]], special: np.ndarray):
-    """(ids, mask) from the word cache, or None when a span edge falls inside a word (its
-    tokens could then fall on both sides) or the cache cannot encode the text. Every token
-    of a word is masked as the word's start is, by loss_mask's rule: the tokens of words
-    that start in a span, and the special tokens of the word that starts where it ends."""
-    encoded = cache.encode(text)
-    if encoded is None:
-        return None
-    ids, starts = encoded
-    edges = np.array(spans, dtype=np.int64).reshape(-1)
+def masked_by_words(encoded, texts: list[str], spans: list, special: np.ndarray) -> list:
+    """(ids, mask) of each text from the word cache's tokens (stages/word_cache.py), or None
+    where the cache has no tokens for the text or a span edge falls inside a word (its tokens
+    could then fall on both sides). Every token of a word is masked as the word's start is, by
+    loss_mask's rule: the tokens of words that start in a span, and the special tokens of the
+    word that starts where it ends. All texts at once, on their characters end to end."""
+    ids, bounds = encoded.ids, encoded.bounds
+    base = np.cumsum([0] + [len(t) for t in texts])
+    starts = encoded.starts + np.repeat(base[:-1], np.diff(bounds))
+    owner = np.array([k for k, sp in enumerate(spans) if encoded.ok[k] for _ in sp], dtype=np.int64)
+    edges = np.array([e for k, sp in enumerate(spans) if encoded.ok[k] for span in sp for e in span],
+                     dtype=np.int64).reshape(-1, 2) + base[owner, None]
     at = np.searchsorted(starts, edges)  # the first token of the word each edge begins
-    if not np.array_equal(np.append(starts, len(text))[at], edges):
-        return None
-    mask = np.zeros(len(ids), dtype=np.uint8)
-    for lo, hi, end in zip(at[0::2], at[1::2], np.searchsorted(starts, edges[1::2], side="right")):
-        mask[lo:hi] = 1
-        mask[hi:end] |= special[ids[hi:end]]
-    return ids, mask
+    inside = (np.append(starts, base[-1])[at] != edges) & (edges != base[owner + 1, None])
+    end = np.minimum(np.searchsorted(starts, edges[:, 1], side="right"), bounds[owner + 1])  # (within its text)
+    n = len(ids) + 1
+    in_span = np.cumsum(np.bincount(at[:, 0], minlength=n) - np.bincount(at[:, 1], minlength=n))[:-1] > 0
+    at_end = np.cumsum(np.bincount(at[:, 1], minlength=n) - np.bincount(end, minlength=n))[:-1] > 0
+    mask = (in_span | (at_end & special[ids])).astype(np.uint8)
+    refused = set(owner[inside.any(axis=1)].tolist())
+    return [(ids[bounds[k]: bounds[k + 1]], mask[bounds[k]: bounds[k + 1]])
+            if encoded.ok[k] and k not in refused else None for k in range(len(texts))]
 
 
 def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -273,7 +277,7 @@ def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray,
     tokenizer (stages/word_cache.py), else through the Rust tokenizer."""
     texts, spans = zip(*(render_with_spans(tok, m) for m in conversations)) if conversations else ((), ())
     special, cache = special_table(tok), WordCache.of(tok)
-    out = [encode_by_words(cache, t, sp, special) if cache else None for t, sp in zip(texts, spans)]
+    out = masked_by_words(cache.encode_batch(texts), texts, spans, special) if cache else [None] * len(texts)
     rest = [k for k, done in enumerate(out) if done is None]
     for k, done in zip(rest, encode_with_offsets(tok, [texts[k] for k in rest], [spans[k] for k in rest], special)):
         out[k] = done

@@ -21,6 +21,7 @@ import json
 import random
 import re
 import unicodedata
+from dataclasses import dataclass
 
 import numpy as np
 import regex
@@ -158,8 +159,6 @@ class WordCache:
     def numbers(self, text: str) -> list[int]:
         """The numbers of the text's units: added tokens whole, the rest split by the
         pre-tokenizer's pattern (into words, or under SPACE_CUT_PATTERNS into units)."""
-        if self.stored > self.MAX_UNITS:
-            self.clear()
         out = []
         for k, part in enumerate(split(self.added[0], text)):
             for j, segment in enumerate([part] if k % 2 else split(self.added[1], part)):
@@ -183,25 +182,59 @@ class WordCache:
             out = list(map(self.spaced_unit, rest))
         return [self.unit(head), *out] if head else out
 
-    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """(ids, where in characters each token's word starts), or None when the text must go
-        through the tokenizer itself (not NFC where the tokenizer normalizes)."""
-        if self.nfc and not unicodedata.is_normalized("NFC", text):
-            return None
-        numbers = np.array(self.numbers(text), dtype=np.int64)
+    def encode_batch(self, texts: list[str]) -> Encoded:
+        """The texts' ids and where each token's word starts, in one numpy pass for all of them
+        (numpy's cost per call is paid per batch). A text the cache does not reproduce (not NFC
+        where the tokenizer normalizes, or split in a way this module does not know) is marked
+        for the tokenizer itself. The tables are emptied, if full, before a batch, never in one."""
+        if self.stored > self.MAX_UNITS:
+            self.clear()
+        numbers, units = [], np.zeros(len(texts), dtype=np.int64)
+        ok = np.ones(len(texts), dtype=bool)
+        for k, text in enumerate(texts):
+            if self.nfc and not unicodedata.is_normalized("NFC", text):
+                ok[k] = False
+                continue
+            found = self.numbers(text)
+            numbers += found
+            units[k] = len(found)
+        numbers = np.array(numbers, dtype=np.int64)
         lengths, counts = self.length[numbers], self.count[numbers]
-        if lengths.sum() != len(text):
-            return None  # the pattern skipped characters: a split this module does not reproduce
-        at = np.cumsum(counts) - counts  # where each unit's ids begin in the text's ids
+        text_of = np.repeat(np.arange(len(texts)), units)
+        # the pattern skipped characters: a split this module does not reproduce
+        ok &= np.bincount(text_of, weights=lengths, minlength=len(texts)) == [len(t) for t in texts]
+        at = np.cumsum(counts) - counts  # where each unit's ids begin in the batch's ids
         positions = np.arange(int(counts.sum())) + np.repeat(self.first[numbers] - at, counts)
-        return self.flat[positions], np.repeat(np.cumsum(lengths) - lengths, counts) + self.offset[positions]
+        unit_ends = np.cumsum(lengths)
+        text_start = np.repeat(np.cumsum(units) - units, units)  # (the text's first unit)
+        in_text = unit_ends - lengths - np.append(0, unit_ends)[text_start]
+        starts = np.repeat(in_text, counts) + self.offset[positions]
+        bounds = np.append(0, np.cumsum(np.bincount(text_of, weights=counts, minlength=len(texts)))).astype(np.int64)
+        return Encoded(self.flat[positions], starts, bounds, ok)
+
+
+@dataclass
+class Encoded:
+    """Texts' tokens, end to end: ids, where (in characters, in its own text) each token's word
+    starts, token `bounds` of each text (n + 1), and `ok`: False for a text whose tokens are
+    not here and must come from the tokenizer itself."""
+    ids: np.ndarray
+    starts: np.ndarray
+    bounds: np.ndarray
+    ok: np.ndarray
+
+    def __getitem__(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        return (self.ids[lo:hi], self.starts[lo:hi]) if self.ok[k] else None
 
 
 def encode_texts(tok, texts: list[str]) -> list[np.ndarray]:
     """Token ids of each text (no special tokens added): through the word cache where it
     reproduces the tokenizer, else in one batch call of the Rust tokenizer."""
-    cache = WordCache.of(tok)
-    out = [encoded[0] if cache and (encoded := cache.encode(t)) is not None else None for t in texts]
+    cache, out = WordCache.of(tok), [None] * len(texts)
+    if cache:
+        encoded = cache.encode_batch(texts)
+        out = [None if got is None else got[0] for got in map(encoded.__getitem__, range(len(texts)))]
     rest = [k for k, ids in enumerate(out) if ids is None]
     for k, enc in zip(rest, tok.backend_tokenizer.encode_batch([texts[k] for k in rest], add_special_tokens=False)):
         out[k] = np.array(enc.ids, dtype=np.int32)

@@ -30,10 +30,9 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
     facts = cleaning.describe(records, settings)
-    signatures = [facts["signature"]] if settings.near_threshold else []
-    cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=None), signatures)
-    return [cleaner.drop_reason(f.tobytes(), float(rep), lambda r=r: r)
-            for f, rep, r in zip(facts["fingerprint"], facts["repetition"], records)]
+    codes = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings, FiltersSection(max_repetition=None),
+                                  lambda: [facts["signature"]], records.__getitem__)
+    return [((None,) + cleaning.REASONS)[c] for c in codes]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
@@ -70,10 +69,10 @@ def test_repetition_filter():
     varied = {"messages": [{"role": "user", "content": "q"},
                            {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
     settings = DedupeSection(near_threshold=None)
-    cleaner = cleaning.Cleaner(settings, FiltersSection(max_repetition=0.5))
     facts = cleaning.describe([loop, varied], settings)
-    for i, (record, reason) in enumerate(((loop, "repetitive"), (varied, None))):
-        assert cleaner.drop_reason(facts["fingerprint"][i].tobytes(), float(facts["repetition"][i]), lambda: record) == reason
+    codes = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings, FiltersSection(max_repetition=0.5),
+                                  None, None)
+    assert codes.tolist() == [1 + cleaning.REASONS.index("repetitive"), 0]
 
 
 def repetition_of(texts: list[str], n: int = 3) -> float:

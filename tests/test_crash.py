@@ -26,15 +26,17 @@ class Build:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True, env={**os.environ, **NO_NETWORK})
         self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self.reader.start()
 
     def wait_for(self, ready, timeout=300) -> bool:
         deadline = time.time() + timeout
         while time.time() < deadline and self.proc.poll() is None:
             if ready():
                 return True
-            time.sleep(0.05)
-        return False
+            time.sleep(0.01)
+        self.reader.join(timeout=10)  # a build that ended may have printed what we wait for last
+        return ready()
 
     def kill(self):
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -62,9 +64,12 @@ def digests(project: Path) -> dict[str, str]:
 def test_kill_during_each_stage_then_rebuild(fresh, built):
     for stage in ORDER:
         build = Build(fresh)
-        started = build.wait_for(lambda: any(f"building {stage}:tiny" in l for l in build.lines))
+        # killed once the stage writes its temporary directory (its work under way), or as soon
+        # as it starts where it is too quick to catch there; either way before it is done
+        started = build.wait_for(lambda: any((fresh / "artifacts" / "store").glob(f"{stage}*/.tmp-*"))
+                                 or (stage in ("base", "plan", "manifest")
+                                     and any(f"building {stage}:tiny" in l for l in build.lines)))
         assert started, "".join(build.lines[-40:])
-        time.sleep(0.5)  # into the stage's work
         build.kill()
         whole = visible_objects_are_whole(fresh)
         if stage in ("shards", "checkpoint", "quantized", "eval"):  # stages that outlast the 0.5 s

@@ -155,21 +155,22 @@ def test_only_the_edited_source_is_prepared_again_and_near_dedupe_spans_files(fr
 
 
 @pytest.mark.parametrize("truncation, expect", [
-    ("drop", {"dropped": {"too_short": 1, "too_long": 2, "no_loss_tokens": 1}, "documents": 1, "truncated": 0}),
-    ("truncate", {"dropped": {"too_short": 1, "too_long": 1, "no_loss_tokens": 1}, "documents": 2, "truncated": 1}),
+    ("drop", {"dropped": {"too_short": 1, "too_long": 3, "no_loss_tokens": 1}, "kept": [1], "cut": []}),
+    ("truncate", {"dropped": {"too_short": 1, "too_long": 1, "no_loss_tokens": 2}, "kept": [1, 2], "cut": [2]}),
 ])
-def test_length_rules_are_counted(tmp_path, truncation, expect):
-    from collections import Counter
-
+def test_length_rules_are_counted(truncation, expect):
+    """max_length 16, min_tokens 3, max_tokens 24; a document cut to 16 keeps only its first 16
+    tokens' loss (the last one here has its loss past the cut, so it has none left)."""
     from stages.recipe import DataSection
 
     data = DataSection(sources=[{"path": "x.jsonl"}], max_length=16, truncation=truncation,
                        filters={"min_tokens": 3, "max_tokens": 24})
-    dropped = Counter()
-    writer = shards.Writer(tmp_path, "chat", data, 0, dropped)
-    for n, learn in [(2, 1), (5, 1), (20, 1), (30, 1), (4, 0)]:
-        writer.add({"ids": np.arange(1, n + 1, dtype=np.int32), "mask": np.full(n, learn, dtype=np.uint8)})
-    writer.flush()
-    assert dict(dropped) == expect["dropped"]
-    assert writer.counts["documents"] == expect["documents"]
-    assert writer.counts["truncated_kept"] == expect["truncated"]
+    lengths = np.array([2, 5, 20, 30, 4, 20])
+    loss = np.array([2, 5, 20, 30, 0, 1])
+    loss_when_cut = {2: 16, 5: 0}
+    codes, cut, kept_loss = shards.length_rules(lengths, loss, lambda at: [loss_when_cut[i] for i in at], data, "chat")
+    assert shards.counted(codes, shards.LENGTH_REASONS) == expect["dropped"]
+    assert np.flatnonzero(codes == 0).tolist() == expect["kept"]
+    assert cut.tolist() == expect["cut"]
+    if truncation == "truncate":
+        assert kept_loss[2] == 16

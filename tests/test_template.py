@@ -156,3 +156,21 @@ def test_templates_that_print_today_print_a_fixed_date(template_file, specials, 
     today = datetime.date.today()
     if today != template.TEMPLATE_DATE:
         assert today.strftime("%Y-%m-%d") not in text and today.strftime("%d %b %Y") not in text
+
+
+def test_conversations_encoded_together_are_each_encoded_alone():
+    """encode_chats masks a batch of conversations in one pass over their tokens end to end: each
+    gets the ids and mask it gets alone, also where a conversation ends right at an answer and
+    the next one begins with a special token."""
+    tok = tokenizer("qwen3.jinja")
+    ends_at_answer = tokenizer()
+    ends_at_answer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if not loop.last %}<|im_end|>\n"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    conversations = [CONVERSATION, CONVERSATION[1:3], REWRITTEN, CONVERSATION[:2]] * 2
+    for t in (tok, ends_at_answer):
+        together = template.encode_chats(t, conversations)
+        for conversation, (ids, mask) in zip(conversations, together):
+            [(want_ids, want_mask)] = template.encode_chats(t, [conversation])
+            assert ids.tolist() == want_ids.tolist()
+            assert mask.tolist() == want_mask.tolist(), conversation

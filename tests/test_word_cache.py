@@ -100,8 +100,9 @@ def test_same_ids_as_the_tokenizer(tok):
     texts = shared_texts() + fuzz_texts()
     assert len(texts) > 3000
     refused = 0
-    for text in texts:
-        got = cache.encode(text)
+    encoded = cache.encode_batch(texts)
+    for k, text in enumerate(texts):
+        got = encoded[k]
         if got is None:  # only text the tokenizer would first normalize
             assert cache.nfc and not unicodedata.is_normalized("NFC", text), repr(text)
             refused += 1
@@ -137,11 +138,10 @@ def test_same_masks_as_the_tokenizer_offsets(tok):
                               turn, {"role": "user", "content": rng.choice(texts)},
                               {"role": "assistant", "content": rng.choice(texts)}])
     special, cache = template.special_table(tok), WordCache.of(tok)
+    texts, spans = zip(*(template.render_with_spans(tok, m) for m in conversations))
     by_words = 0
-    for m in conversations:
-        text, spans = template.render_with_spans(tok, m)
-        [(want_ids, want_mask)] = template.encode_with_offsets(tok, [text], [spans], special)
-        got = template.encode_by_words(cache, text, spans, special)
+    for text, sp, got in zip(texts, spans, template.masked_by_words(cache.encode_batch(texts), texts, spans, special)):
+        [(want_ids, want_mask)] = template.encode_with_offsets(tok, [text], [sp], special)
         if got is not None:
             by_words += 1
             assert got[0].tolist() == want_ids.tolist()
@@ -197,11 +197,18 @@ def test_tables_emptied_between_texts_give_the_same_ids(tok):
     cache.clear()
     cache.MAX_UNITS = 64
     stored = []
-    for text in shared_texts()[:300] + fuzz_texts(300):
-        got = cache.encode(text)
+    texts = shared_texts()[:300] + fuzz_texts(300)
+    for text in texts[:200]:  # a text at a time, and below, ten at a time: emptied only between batches
+        got = cache.encode_batch([text])[0]
         stored.append(cache.stored)
         if got is not None:
             assert got[0].tolist() == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids, repr(text)
+    for k in range(200, len(texts), 10):
+        encoded = cache.encode_batch(texts[k: k + 10])
+        stored.append(cache.stored)
+        for text, got in zip(texts[k: k + 10], map(encoded.__getitem__, range(10))):
+            if got is not None:
+                assert got[0].tolist() == tok.backend_tokenizer.encode(text, add_special_tokens=False).ids, repr(text)
     assert any(b < a for a, b in zip(stored, stored[1:]))  # emptied along the way
     del cache.MAX_UNITS
     cache.clear()
