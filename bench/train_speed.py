@@ -60,7 +60,8 @@ def documents(n: int, vocab: int, seed: int = 0) -> list[dict]:
 
 def packed_rows(docs: list[dict], pad_id: int) -> dict:
     """Our shards' layout: BFD bins of MAX_LENGTH, labels only on completions, positions restart."""
-    from stages.shards import IGNORE, pack
+    from stages.packed import IGNORE
+    from stages.shards import pack
 
     rows = {"input_ids": [], "labels": [], "position_ids": []}
     for members in pack([len(d["input_ids"]) for d in docs], MAX_LENGTH):

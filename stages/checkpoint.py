@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import autotune
+from stages import autotune, packed
 from stages.errors import UserError
 
 
@@ -146,7 +146,6 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
 def build(ctx, out: Path) -> None:
     import torch
     from datasets import Dataset
-    from safetensors.numpy import load_file
     from transformers import AutoTokenizer, set_seed
     from transformers.trainer_callback import ProgressCallback
 
@@ -159,7 +158,7 @@ def build(ctx, out: Path) -> None:
     if t.method != "sft":
         raise UserError(f"train.method: {t.method} training is not built yet (its shards are: "
                         f"doit shards:{ctx.recipe_name}); use method: sft")
-    shards = [load_file(str(p)) for p in sorted((ctx.upstream["shards"] / "train").glob("shard-*.safetensors"))]
+    shards = [packed.read(p) for p in sorted((ctx.upstream["shards"] / "train").glob("shard-*.safetensors"))]
     train = Dataset.from_dict({k: np.concatenate([s[k] for s in shards]).tolist()
                                for k in ("input_ids", "labels", "position_ids")})
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])

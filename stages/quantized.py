@@ -11,17 +11,16 @@ import json
 import os
 from pathlib import Path
 
+from stages import packed
 from stages.checkpoint import load_trained
 
 
 def sequences(shards: Path, first: int, count: int):
-    from safetensors import safe_open
     import torch
 
-    with safe_open(str(shards / "train" / "shard-00000.safetensors"), "pt") as f:
-        ids, pos = f.get_slice("input_ids"), f.get_slice("position_ids")
-        return [(ids[i: i + 1].long(), pos[i: i + 1].long())
-                for i in range(first, min(first + count, f.get_slice("input_ids").get_shape()[0]))]
+    rows = packed.read(shards / "train" / "shard-00000.safetensors", first, count)
+    ids, pos = torch.from_numpy(rows["input_ids"]).long(), torch.from_numpy(rows["position_ids"]).long()
+    return [(ids[i: i + 1], pos[i: i + 1]) for i in range(len(ids))]
 
 
 def build(ctx, out: Path) -> None:

@@ -1,13 +1,18 @@
 """shards: the training data, read, cleaned, tokenized, masked and packed + stats.json.
 
-Rows stream from each source (stages/rows.py turns any supported format into the
-record the training method consumes), go through cleaning (stages/cleaning.py:
-exact and near dedupe, empty-answer and repetition filters) and a stable held-out
-split, then are tokenized with the model's own chat template, loss on assistant
-tokens only (stages/template.py). Sequences are packed best-fit-decreasing in
-windows, so memory stays bounded; position ids restart per document and document
-boundaries are stored. Shards are safetensors files (memory-mapped), written in a
-deterministic order. Every row read is kept or counted under a drop reason.
+First pass, per source, by one worker process per core: a worker reads its block of
+the file (stages/rows.py turns any supported format into the record the training
+method consumes), describes each row for cleaning (stages/cleaning.py), tokenizes it
+with the model's own chat template, loss on assistant tokens only (stages/template.py),
+and writes the chunk's arrays. A source's chunks are kept in the store under their own
+key, so an edit to one file of several prepares only that file again.
+
+Second pass, over every row of every source in order, on arrays: exact and near
+dedupe and the repetition filter, a stable held-out split, the length rules; then
+documents are packed best-fit-decreasing, a window at a time (memory stays bounded),
+into shards written by the workers in the format of stages/packed.py (position ids
+restart per document; document boundaries are stored), in a deterministic order.
+Every row read is kept or counted under a drop reason.
 """
 from __future__ import annotations
 
@@ -21,11 +26,11 @@ from pathlib import Path
 import blake3
 import numpy as np
 
-from stages import cleaning, rows, template
+from stages import cleaning, packed, rows, template
 from stages.errors import UserError
+from stages.packed import IGNORE
 from stages.word_cache import encode_texts
 
-IGNORE = -100
 PACK_WINDOW = 65536  # documents packed together (and held in memory) at once
 BLOCK_BYTES = 1 << 22  # JSON Lines a worker reads and prepares at once (~1,500 chat rows)
 CHUNK_ROWS = 4096  # rows of other file types the main process reads and hands to a worker at once
@@ -196,39 +201,38 @@ def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, kin
 
 
 def write_packed(path: Path, docs: list[dict], L: int, pad_id: int) -> int:
-    """Documents packed best-fit-decreasing into sequences of L tokens; returns how many."""
-    from safetensors.numpy import save_file
-
+    """Documents packed best-fit-decreasing into sequences of L tokens (stages/packed.py);
+    returns how many sequences."""
     bins = pack([len(d["ids"]) for d in docs], L)
-    n = len(bins)
-    input_ids, labels, position_ids = shard_buffers(n, L)
-    input_ids.fill(pad_id)
-    labels.fill(IGNORE)
-    counting = np.arange(L, dtype=np.int32)
-    boundaries = []  # (sequence, start, length) of every document
-    for s, members in enumerate(bins):
-        at = 0
-        for d in members:
-            ids, k = docs[d]["ids"], len(docs[d]["ids"])
-            input_ids[s, at: at + k] = ids
-            labels[s, at: at + k] = np.where(docs[d]["mask"].view(bool), ids, IGNORE)
-            position_ids[s, at: at + k] = counting[:k]
-            boundaries.append((s, at, k))
-            at += k
-        position_ids[s, at:] = counting[: L - at]  # padding is its own document, with no loss
-    save_file({"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
-               "documents": np.array(boundaries, dtype=np.int32).reshape(-1, 3)},
-              str(path), metadata={"max_length": str(L)})
-    return n
+    lengths = np.array([len(d["ids"]) for d in docs], dtype=np.int64)
+    order = np.concatenate([np.array(b, dtype=np.int64) for b in bins])
+    sizes = np.array([len(b) for b in bins])
+    sequence = np.repeat(np.arange(len(bins)), sizes)
+    used = np.bincount(sequence, weights=lengths[order], minlength=len(bins)).astype(np.int64)
+    starts = np.cumsum(lengths[order]) - lengths[order] - np.repeat(np.cumsum(used) - used, sizes)  # in its sequence
+    ids, masks = [], []
+    padding = np.full(L, pad_id, dtype=np.int32), np.zeros(L, dtype=np.uint8)
+    for members, free in zip(bins, (L - used).tolist()):
+        ids += [docs[d]["ids"] for d in members]
+        masks += [docs[d]["mask"] for d in members]
+        if free:
+            ids.append(padding[0][:free])
+            masks.append(padding[1][:free])
+    input_ids, loss_mask = shard_buffers(len(bins), L)
+    np.concatenate(ids, out=input_ids.reshape(-1))
+    np.concatenate(masks, out=loss_mask.reshape(-1))
+    documents = np.stack([sequence, starts, lengths[order]], axis=1).astype(np.int32)
+    packed.write(path, input_ids, loss_mask, documents)
+    return len(bins)
 
 
-def shard_buffers(n: int, L: int) -> list[np.ndarray]:
-    """Three n x L int32 arrays, reused by a process from shard to shard: fresh ones cost a
+def shard_buffers(n: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """n x L token and mask arrays, reused by a process from shard to shard: fresh ones cost a
     page fault per 4 KiB written."""
     have = _worker.get("buffers")
     if have is None or have[0].shape[0] < n or have[0].shape[1] != L:
-        have = _worker["buffers"] = [np.empty((n, L), dtype=np.int32) for _ in range(3)]
-    return [b[:n] for b in have]
+        have = _worker["buffers"] = (np.empty((n, L), dtype=np.int32), np.empty((n, L), dtype=np.uint8))
+    return have[0][:n], have[1][:n]
 
 
 def write_ragged(path: Path, docs: list[dict], kind: str) -> None:

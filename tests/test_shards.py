@@ -47,6 +47,32 @@ def test_packed_documents_do_not_attend_to_each_other(tmp_path):
     torch.testing.assert_close(packed[:, 11:], alone_b, rtol=1e-5, atol=1e-5)
 
 
+def test_packed_shards_give_each_document_its_tokens_labels_and_positions(tmp_path):
+    """A shard stores ids, a loss mask and the document table; what training reads back is each
+    document's ids, its labels (IGNORE off the mask) and positions from 0, and padding that
+    learns nothing and counts from 0 as a document of its own. Read whole and by ranges."""
+    from stages import packed
+
+    rng = np.random.default_rng(0)
+    docs = [{"ids": rng.integers(3, 90, n).astype(np.int32), "mask": (rng.random(n) < 0.5).astype(np.uint8)}
+            for n in rng.integers(1, 40, 300)]
+    n = shards.write_packed(tmp_path / "s.safetensors", docs, 64, pad_id=1)
+    table = {(len(d["ids"]), d["ids"].tobytes()): d for d in docs}
+    for first, count in ((0, None), (3, 5), (n - 2, 10)):
+        rows = packed.read(tmp_path / "s.safetensors", first, count)
+        assert len(rows["input_ids"]) == (n - first if count is None else min(count, n - first))
+        for s_ids, s_labels, s_pos in zip(rows["input_ids"], rows["labels"], rows["position_ids"]):
+            at = 0
+            while at < 64 and s_ids[at] != 1:
+                k = int(np.argmax(s_pos[at + 1:] == 0)) + 1 if (s_pos[at + 1:] == 0).any() else 64 - at
+                doc = table[(k, s_ids[at: at + k].tobytes())]
+                assert s_pos[at: at + k].tolist() == list(range(k))
+                assert s_labels[at: at + k].tolist() == np.where(doc["mask"] == 1, doc["ids"], -100).tolist()
+                at += k
+            assert (s_ids[at:] == 1).all() and (s_labels[at:] == -100).all()
+            assert s_pos[at:].tolist() == list(range(64 - at))
+
+
 def test_heldout_split_is_the_asked_fraction_and_follows_the_seed():
     from stages.cleaning import fingerprint_of
 
@@ -99,15 +125,14 @@ def test_preference_and_prompt_shards_from_real_data(fresh):
 
 
 def test_continued_pretraining_shards_learn_every_token(fresh):
-    from safetensors.numpy import load_file
+    from stages import packed
 
     texts = [{"text": f"Line {i}: the quick brown fox number {i} jumps over {i * 7} lazy dogs."} for i in range(300)]
     (fresh / "data" / "text.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
     stats, train = shards_for(fresh, "text_cpt", "cpt", ["data/text.jsonl"], max_length=256,
                               dedupe={"near_threshold": None})
     assert stats["kind"] == "text" and stats["dropped"] == {}
-    shard = load_file(str(train / "shard-00000.safetensors"))
-    real = shard["labels"] != -100
+    real = packed.read(train / "shard-00000.safetensors")["labels"] != -100
     assert stats["loss_tokens"] == stats["tokens"] == int(real.sum())
 
 
