@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import mmap
 import os
 import shutil
 import sqlite3
@@ -18,9 +19,19 @@ from pathlib import Path
 
 import blake3
 
+HASH_WINDOW = 64 << 20
+
+
 def hash_file(path: Path) -> str:
-    """BLAKE3 of a file, memory-mapped and hashed on every core (shards and weights run to GBs)."""
-    return blake3.blake3(max_threads=blake3.blake3.AUTO).update_mmap(path).hexdigest()
+    """BLAKE3 of a file, hashed on every core a memory-mapped window at a time (shards, weights
+    and sources run to GBs; a window keeps the mapping, and so the RSS, small)."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        for at in range(0, size, HASH_WINDOW):
+            with mmap.mmap(f.fileno(), min(HASH_WINDOW, size - at), offset=at, access=mmap.ACCESS_READ) as window:
+                h.update(window)
+    return h.hexdigest()
 
 
 def merkle(files: dict[str, str]) -> str:

@@ -2,6 +2,7 @@
 and named by content, damage is found and reported per file, and nothing is ever deleted."""
 from __future__ import annotations
 
+import mmap
 import os
 
 from stages.store import StatCache, Store, hash_file, merkle
@@ -54,3 +55,15 @@ def test_merkle_depends_on_names_and_contents():
     assert merkle({"a": "1", "b": "2"}) == merkle({"b": "2", "a": "1"})
     assert merkle({"a": "1", "b": "2"}) != merkle({"a": "2", "b": "1"})
     assert merkle({"a": "1"}) != merkle({"b": "1"})
+
+
+def test_files_are_hashed_window_by_window_as_one_blake3(tmp_path, monkeypatch):
+    import blake3
+
+    from stages import store
+
+    monkeypatch.setattr(store, "HASH_WINDOW", mmap.ALLOCATIONGRANULARITY)  # many windows, quickly
+    for size in (0, 1, mmap.ALLOCATIONGRANULARITY, 5 * mmap.ALLOCATIONGRANULARITY + 7):
+        data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        (tmp_path / "f").write_bytes(data)
+        assert store.hash_file(tmp_path / "f") == blake3.blake3(data).hexdigest()
