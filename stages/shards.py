@@ -112,13 +112,14 @@ def job_rows(job):
         yield where, row, line
 
 
-def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], dict]:
-    """The canonical records of a job's rows and each row as stored (its JSON line, or the record
-    as JSON where the row did not come from one), with what happened to the others: rows in,
-    drops by reason, and where on_error is fail the first bad row as (where, message)."""
-    records, stored, dropped = [], [], Counter()
+def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], list[tuple], dict]:
+    """The canonical records of a job's rows, each row as stored (its JSON line, or the record as
+    JSON where the row did not come from one) and where it was (its position in the job, and
+    `where`), with what happened to the others: rows in, drops by reason, and where on_error is
+    fail the first bad row as (position, where, message)."""
+    records, stored, places, dropped = [], [], [], Counter()
     outcome = {"rows_in": 0, "dropped": dropped, "error": None}
-    for where, row, line in job_rows(job):
+    for position, (where, row, line) in enumerate(job_rows(job)):
         outcome["rows_in"] += 1
         try:
             if isinstance(row, rows.BadRow):
@@ -128,14 +129,15 @@ def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], dic
             if data.on_error == "skip" or e.reason == "blank_line":
                 dropped[e.reason] += 1
                 continue
-            outcome["error"] = (where, str(e))
+            outcome["error"] = (position, where, str(e))
             break
         if not all(a.strip() for a in rows.answers(record)):
             dropped["empty_answer"] += 1
             continue
         records.append(record)
         stored.append(line if line is not None else json.dumps(record, ensure_ascii=False, sort_keys=True).encode())
-    return records, stored, outcome
+        places.append((position, where))
+    return records, stored, places, outcome
 
 
 class SourceCount:
@@ -147,7 +149,7 @@ class SourceCount:
 
     def take(self, outcome: dict) -> None:
         if outcome["error"]:
-            where, message = outcome["error"]
+            _, where, message = outcome["error"]
             if isinstance(where, int):  # a line of a JSON Lines block: all lines before it are counted
                 where = f"{self.label}:{self.rows_in + where + 1}"
             raise UserError(f"{where}: {message}; fix the row or set data.on_error: skip")
@@ -155,21 +157,26 @@ class SourceCount:
         self.dropped.update(outcome["dropped"])
 
 
-def tokenize(tok, kind: str, batch: list[dict]) -> list[dict]:
-    """Token ids and loss labels of each record (two sequences for a preference pair)."""
+def tokenize(tok, kind: str, batch: list[dict]) -> list[dict | template.Refused]:
+    """Token ids and loss labels of each record (two sequences for a preference pair), or why
+    the model's chat template refused it."""
     if kind == "chat":
-        return [{"ids": ids, "mask": mask} for ids, mask in template.encode_chats(tok, [r["messages"] for r in batch])]
+        return [done if isinstance(done, template.Refused) else {"ids": done[0], "mask": done[1]}
+                for done in template.encode_chats(tok, [r["messages"] for r in batch])]
     if kind == "text":
         enc = encode_texts(tok, [r["text"] for r in batch])
         return [{"ids": np.append(ids, tok.eos_token_id), "mask": np.ones(len(ids) + 1, dtype=np.uint8)} for ids in enc]
     if kind == "preference":
         chosen = template.encode_chats(tok, [r["prompt"] + r["chosen"] for r in batch])
         rejected = template.encode_chats(tok, [r["prompt"] + r["rejected"] for r in batch])
-        return [{"ids": c[0], "mask": c[1], "rejected_ids": r[0], "rejected_mask": r[1]}
-                for c, r in zip(chosen, rejected)]
-    prompts = [template.render(tok, r["prompt"], generation_prompt=True) for r in batch]
-    return [{"ids": ids, "mask": np.zeros(len(ids), dtype=np.uint8), "reference": r["reference"]}
-            for ids, r in zip(encode_texts(tok, prompts), batch)]
+        return [c if isinstance(c, template.Refused) else r if isinstance(r, template.Refused) else
+                {"ids": c[0], "mask": c[1], "rejected_ids": r[0], "rejected_mask": r[1]} for c, r in zip(chosen, rejected)]
+    prompts = [template.render_or_refuse(tok, r["prompt"], generation_prompt=True) for r in batch]
+    texts = [p for p in prompts if isinstance(p, str)]
+    encoded = iter(encode_texts(tok, texts))
+    return [p if isinstance(p, template.Refused) else
+            {"ids": (ids := next(encoded)), "mask": np.zeros(len(ids), dtype=np.uint8), "reference": r["reference"]}
+            for p, r in zip(prompts, batch)]
 
 
 LENGTH_REASONS = ("too_short", "too_long", "no_loss_tokens")
@@ -299,11 +306,10 @@ def part_inputs(ctx, src, kind: str) -> dict:
             "near": [d.dedupe.ngram, d.dedupe.num_perm] if d.dedupe.near_threshold else None}
 
 
-def prepare_chunk(chunk: list[dict], kind: str, tok, data) -> dict[str, np.ndarray]:
+def prepare_chunk(records: list[dict], docs: list[dict], data, kind: str) -> dict[str, np.ndarray]:
     """Cleaning facts and tokens of a chunk of rows, as arrays (runs in a worker process)."""
-    arrays = cleaning.describe(chunk, data.dedupe)
+    arrays = cleaning.describe(records, data.dedupe)
     arrays["split"] = np.array([split_hash(f.tobytes(), data.seed) for f in arrays["fingerprint"]], dtype=np.uint32)
-    docs = [doc for i in range(0, len(chunk), TOKENIZE_BATCH) for doc in tokenize(tok, kind, chunk[i: i + TOKENIZE_BATCH])]
     arrays["loss_tokens"] = np.zeros(len(docs), dtype=np.int64)
     for key in SIDES.get(kind, ("ids",)):
         mask_key = key.replace("ids", "mask")
@@ -328,9 +334,18 @@ def prepare_job(index: int, job, src, kind: str, data, out: Path) -> dict:
     chunk-<index> (arrays, and the rows as stored) into `out`. Returns job_records' outcome."""
     from safetensors.numpy import save_file
 
-    records, stored, outcome = job_records(job, src, data, kind)
+    records, stored, places, outcome = job_records(job, src, data, kind)
+    docs = [doc for i in range(0, len(records), TOKENIZE_BATCH)
+            for doc in tokenize(_worker["tok"], kind, records[i: i + TOKENIZE_BATCH])]
+    refused = [k for k, doc in enumerate(docs) if isinstance(doc, template.Refused)]
+    if refused and data.on_error == "skip":
+        outcome["dropped"]["template_refused"] += len(refused)
+        kept = sorted(set(range(len(docs))) - set(refused))
+        records, stored, docs = ([x[k] for k in kept] for x in (records, stored, docs))
+    elif refused and (outcome["error"] is None or places[refused[0]][0] < outcome["error"][0]):
+        outcome["error"] = (*places[refused[0]], f"the model's chat template refused it ({docs[refused[0]]})")
     if records and not outcome["error"]:
-        arrays = prepare_chunk(records, kind, _worker["tok"], data)
+        arrays = prepare_chunk(records, docs, data, kind)
         arrays["row_offsets"] = np.cumsum([0] + [len(line) + 1 for line in stored], dtype=np.int64)
         save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"),
                   metadata={"rows": "records" if isinstance(job, list) else "source"})

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+from jinja2.exceptions import TemplateError
 
 from stages import skeleton
 from stages.errors import UserError
@@ -272,13 +273,38 @@ def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray)
     return out
 
 
-def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(input_ids, loss mask) per conversation: through the word cache where it reproduces the
-    tokenizer (stages/word_cache.py), else through the Rust tokenizer."""
-    texts, spans = zip(*(render_with_spans(tok, m) for m in conversations)) if conversations else ((), ())
+class Refused(Exception):
+    """The chat template raised an error for a conversation (a role it does not take, turns
+    that do not alternate...): the row is bad, as a malformed one is."""
+
+
+def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False) -> str | Refused:
+    try:
+        return render(tok, messages, generation_prompt)
+    except TemplateError as e:
+        return Refused(str(e))
+
+
+def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray] | Refused]:
+    """(input_ids, loss mask) per conversation, or why the template refused it: through the
+    word cache where it reproduces the tokenizer (stages/word_cache.py), else through the Rust
+    tokenizer."""
+    out, texts, spans, rendered = [], [], [], []
+    for k, m in enumerate(conversations):
+        try:
+            text, sp = render_with_spans(tok, m)
+        except TemplateError as e:
+            out.append(Refused(str(e)))
+            continue
+        out.append(None)
+        texts.append(text)
+        spans.append(sp)
+        rendered.append(k)
     special, cache = special_table(tok), WordCache.of(tok)
-    out = masked_by_words(cache.encode_batch(texts), texts, spans, special) if cache else [None] * len(texts)
-    rest = [k for k, done in enumerate(out) if done is None]
-    for k, done in zip(rest, encode_with_offsets(tok, [texts[k] for k in rest], [spans[k] for k in rest], special)):
-        out[k] = done
+    done = masked_by_words(cache.encode_batch(texts), texts, spans, special) if cache else [None] * len(texts)
+    rest = [j for j, d in enumerate(done) if d is None]
+    for j, d in zip(rest, encode_with_offsets(tok, [texts[j] for j in rest], [spans[j] for j in rest], special)):
+        done[j] = d
+    for k, d in zip(rendered, done):
+        out[k] = d
     return out

@@ -26,7 +26,7 @@ def collect(data: DataSection, kind: str, root: Path):
     for src in data.sources:
         count = SourceCount(src)
         for job in source_jobs(src, root):
-            records, _, outcome = job_records(job, src, data, kind)
+            records, _, _, outcome = job_records(job, src, data, kind)
             count.take(outcome)
             kept += records
         dropped.update(count.dropped)

@@ -82,16 +82,21 @@ def test_heldout_split_is_the_asked_fraction_and_follows_the_seed():
     assert [shards.split_hash(r, 1) < 0.1 * 2**32 for r in rows] != held
 
 
-def shards_for(project: Path, name: str, method: str, sources: list[str], **data) -> tuple[dict, Path]:
-    """Build shards:<name> for a copy of tiny with another method and sources; (stats, train dir)."""
+def shards_for(project: Path, name: str, method: str, sources: list[str], model: dict | None = None,
+               expect_rc: int = 0, **data) -> tuple[dict, Path]:
+    """Build shards:<name> for a copy of tiny with another method and sources (and model);
+    (stats, train dir), or the build's output where it is expected to fail."""
     import yaml
 
     recipe = yaml.safe_load((project / "recipes" / "tiny.yaml").read_text())
     recipe["train"]["method"] = method
+    recipe["model"] = model or recipe["model"]
     recipe["data"].update({"sources": [{"path": s} for s in sources], "max_length": 1024, **data})
     (project / "recipes" / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
     run = doit(project, f"shards:{name}")
-    assert run.rc == 0, run.out[-3000:]
+    assert run.rc == expect_rc, run.out[-3000:]
+    if expect_rc:
+        return run.out, None
     key = json.loads((project / "artifacts" / name / "shards.json").read_text())["key"]
     obj = project / "artifacts" / "store" / "shards" / key
     stats = json.loads((obj / "stats.json").read_text())
@@ -199,3 +204,28 @@ def test_length_rules_are_counted(truncation, expect):
     assert cut.tolist() == expect["cut"]
     if truncation == "truncate":
         assert kept_loss[2] == 16
+
+
+def test_a_row_the_chat_template_refuses_is_a_bad_row(fresh):
+    """A model whose template takes no system turn (as Gemma's): that row fails the build with
+    its file:line (the first bad row, before a malformed one), nothing of it in the store; with
+    on_error: skip it is counted and the rest kept."""
+    from stages.base import build_from_config
+    from stages.recipe import TinyConfig
+
+    build_from_config(TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, head_dim=16), fresh / "nosystem")
+    chat_template = fresh / "nosystem" / "chat_template.jinja"
+    chat_template.write_text("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                             "{% endif %}" + chat_template.read_text())
+    chat = {"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}
+    system = {"messages": [{"role": "system", "content": "Be brief."}, *chat["messages"]]}
+    lines = [json.dumps(chat), json.dumps(system), "{not json", json.dumps(chat)]  # the first bad row is reported
+    (fresh / "data" / "rows.jsonl").write_text("".join(line + "\n" for line in lines))
+    model = {"path": "nosystem"}
+    out, _ = shards_for(fresh, "refused", "sft", ["data/rows.jsonl"], model=model, expect_rc=1)
+    assert "data/rows.jsonl:2: the model's chat template refused it (System role not supported); fix the row" in out
+    assert not list((fresh / "artifacts" / "store").glob("shards*/[!.]*"))  # nothing of shards in the store
+    stats, _ = shards_for(fresh, "refused", "sft", ["data/rows.jsonl"], model=model, on_error="skip",
+                          dedupe={"near_threshold": None})
+    assert stats["dropped"] == {"exact_duplicate": 1, "malformed_json": 1, "template_refused": 1}
