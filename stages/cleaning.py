@@ -14,7 +14,6 @@ import functools
 import blake3
 import numpy as np
 
-from stages import rows
 
 
 def fold(text: str) -> str:
@@ -24,12 +23,12 @@ def fold(text: str) -> str:
 def lines_of(record: dict) -> list[tuple[str, str, bool]]:
     """The record as (prefix, text, is an answer) lines: its normalized text is each prefix and
     folded text, one line each; the answers are what the repetition filter reads."""
-    def chat(messages, answers: bool, head: str = ""):
-        return [(head * (i == 0) + m["role"] + ":", m["content"], answers or m["role"] == "assistant")
+    def chat(messages, answers: bool | None, head: str = ""):  # answers None: the assistant turns
+        return [(head * (i == 0) + m["role"] + ":", m["content"], m["role"] == "assistant" if answers is None else answers)
                 for i, m in enumerate(messages)]
 
     if "messages" in record:
-        return chat(record["messages"], False)
+        return chat(record["messages"], None)
     if "text" in record:
         return [("", record["text"], True)]
     if "reference" in record:
@@ -240,8 +239,8 @@ def describe_batch(records: list[dict], dedupe) -> dict[str, np.ndarray]:
     grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, answers[:, 1:]), 3)
     out["repetition"] = repeated_shares(grams, np.repeat(answers[:, 0], counts), len(texts))
     if dedupe.near_threshold:
-        rows = np.stack([np.cumsum(sizes) - sizes, np.cumsum(sizes)], axis=1)
-        grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, rows), dedupe.ngram)
+        bounds = np.stack([np.cumsum(sizes) - sizes, np.cumsum(sizes)], axis=1)  # of each row's text
+        grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, bounds), dedupe.ngram)
         out["signature"] = signatures(grams, counts, dedupe.num_perm)
     return out
 

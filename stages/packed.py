@@ -47,6 +47,7 @@ def read(path: Path, first: int = 0, count: int | None = None) -> dict[str, np.n
 
     with safe_open(str(path), "np") as f:
         n = f.get_slice("input_ids").get_shape()[0]
+        first = min(first, n)
         stop = n if count is None else min(first + count, n)
         documents = f.get_tensor("documents")
         documents = documents[(documents[:, 0] >= first) & (documents[:, 0] < stop)] - [first, 0, 0]

@@ -13,12 +13,16 @@ from pathlib import Path
 
 from stages import packed
 from stages.checkpoint import load_trained
+from stages.errors import UserError
 
 
 def sequences(shards: Path, first: int, count: int):
     import torch
 
     rows = packed.read(shards / "train" / "shard-00000.safetensors", first, count)
+    if not len(rows["input_ids"]):
+        raise UserError(f"quantize.calibration_sequences: {first} leaves none of the first shard's "
+                        f"sequences to score the quantized model on; lower it")
     ids, pos = torch.from_numpy(rows["input_ids"]).long(), torch.from_numpy(rows["position_ids"]).long()
     return [(ids[i: i + 1], pos[i: i + 1]) for i in range(len(ids))]
 

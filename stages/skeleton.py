@@ -12,25 +12,27 @@ in place. Any other row is rendered by the template itself.
 Slot is not a str: no C-level string code can read it unseen, and str() of it raises.
 The template can add it to strings, output it at the top level, and test it through
 the methods below; output captured by a macro or a {% set %} block is a slot too.
-Anything else (len, iteration, str.join, a filter or test that is not replayed)
-raises Opaque, and rows of that shape are rendered by the template.
+Anything else (len, iteration, str.join, subscripting by it, a filter or test that is
+not replayed) raises Opaque, and rows of that shape are rendered by the template, as
+are all rows of a template with {% block %}s (a block's output returns as plain text).
 """
 from __future__ import annotations
 
 import functools
 
 FIRST_PLACEHOLDER = 0xE100  # private-use characters, two per message (content, reasoning)
-MAX_MESSAGES = (0xF8FF - FIRST_PLACEHOLDER) // 2
+MAX_MESSAGES = (0xF8FF - FIRST_PLACEHOLDER) // 4  # two alphabets of two characters a message
 PLACEHOLDERS = (chr(FIRST_PLACEHOLDER), chr(0xF8FF))
 
 
-def placeholder(ref: tuple[int, str]) -> str:
+def placeholder(ref: tuple[int, str], shift: int = 0) -> str:
+    """The character that stands for a field; `shift` moves the whole alphabet by messages."""
     i, field = ref
-    return chr(FIRST_PLACEHOLDER + 2 * i + (field == "reasoning"))
+    return chr(FIRST_PLACEHOLDER + 2 * (i + shift) + (field == "reasoning"))
 
 
-def field_of(char: str) -> tuple[int, str]:
-    slot = ord(char) - FIRST_PLACEHOLDER
+def field_of(char: str, shift: int = 0) -> tuple[int, str]:
+    slot = ord(char) - FIRST_PLACEHOLDER - 2 * shift
     return slot // 2, "reasoning" if slot % 2 else "content"
 
 
@@ -60,17 +62,17 @@ def is_text(x) -> bool:
 class Slot:
     """Text made of literal strings and (message, field) references, standing in for a str."""
 
-    __slots__ = ("parts", "text", "guards")
+    __slots__ = ("_parts", "_text", "_guards")  # underscored: the sandbox shows a template none of them
 
     def __init__(self, parts: tuple, guards: list):
-        self.parts, self.guards = parts, guards
-        self.text = "".join(p if isinstance(p, str) else placeholder(p) for p in parts)
+        self._parts, self._guards = parts, guards
+        self._text = "".join(p if isinstance(p, str) else placeholder(p) for p in parts)
 
     def _ask(self, check: str, *args):
         if not all(a is None or isinstance(a, int) or is_text(a) for a in args):
             raise Opaque(check)
-        result = CHECKS[check](self.text, *args)
-        self.guards.append((self.parts, check, args, result))
+        result = CHECKS[check](self._text, *args)
+        self._guards.append((self._parts, check, args, result))
         return result
 
     def _whole(self, check: str, *args) -> Slot:
@@ -81,11 +83,11 @@ class Slot:
 
     def __add__(self, other):
         if isinstance(other, (str, Slot)):
-            return Slot(self.parts + (other.parts if isinstance(other, Slot) else (other,)), self.guards)
+            return Slot(self._parts + (other._parts if isinstance(other, Slot) else (other,)), self._guards)
         return NotImplemented
 
     def __radd__(self, other):
-        return Slot((other,) + self.parts, self.guards) if isinstance(other, str) else NotImplemented
+        return Slot((other,) + self._parts, self._guards) if isinstance(other, str) else NotImplemented
 
     def __contains__(self, x):
         return self._ask("in", x)
@@ -123,7 +125,7 @@ class Slot:
     def _opaque(self, *args, **kwargs):
         raise Opaque("a use of a field that is not replayed")
 
-    __hash__ = __str__ = __repr__ = __format__ = __len__ = __iter__ = __getitem__ = _opaque
+    __hash__ = __str__ = __repr__ = __format__ = __len__ = __iter__ = __getitem__ = __index__ = _opaque
     __lt__ = __le__ = __gt__ = __ge__ = __mul__ = __rmul__ = __mod__ = __rmod__ = _opaque
 
 
@@ -172,7 +174,7 @@ def passing_args_as(original, wrapper):
 
 def top_level(value):
     """Output at the top level of the template: a slot's text, placeholders and all."""
-    return value.text if isinstance(value, Slot) else value
+    return value._text if isinstance(value, Slot) else value
 
 
 def captured(value):
@@ -187,7 +189,15 @@ def concat(pieces):
     slots = [p for p in pieces if isinstance(p, Slot)]
     if not slots:
         return "".join(pieces)
-    return Slot(tuple(part for p in pieces for part in (p.parts if isinstance(p, Slot) else (p,))), slots[0].guards)
+    return Slot(tuple(part for p in pieces for part in (p._parts if isinstance(p, Slot) else (p,))), slots[0]._guards)
+
+
+def getitem_by_text(getitem, obj, argument):
+    """obj[argument], refused for a slot as the argument: jinja looks a str argument up as an
+    attribute too, where a slot's lookup would simply fail."""
+    if isinstance(argument, Slot):
+        raise Opaque("a field used as an index")
+    return getitem(obj, argument)
 
 
 def no_slot(value):
@@ -199,9 +209,11 @@ def no_slot(value):
 @functools.lru_cache(maxsize=8)
 def slot_template(chat_template: str):
     """The template compiled in transformers' own sandboxed environment, with slots in mind:
-    filters and tests guarded, {% generation %} blocks inlined (they only mark positions),
-    and outputs split into top-level ones and captured ones."""
+    filters, tests and subscripts guarded, {% generation %} blocks inlined (they only mark
+    positions), and outputs split into top-level ones and captured ones. None for a template
+    with blocks, extends, includes or imports."""
     import jinja2.ext
+    from jinja2 import nodes
     from jinja2.compiler import CodeGenerator
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
@@ -237,9 +249,12 @@ def slot_template(chat_template: str):
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     base = _compile_jinja_template(chat_template).environment
+    if any(base.parse(chat_template).find_all((nodes.Block, nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport))):
+        return None  # a block's output comes back as plain text through self.<block>()
     env = base.overlay(finalize=top_level)
     env.code_generator_class = Generator
     env.captured, env.no_slot, env.concat = captured, no_slot, concat
+    env.getitem = functools.partial(getitem_by_text, base.getitem)
     env.extensions = {k: e for k, e in env.extensions.items() if "generation" not in e.tags}
     env.add_extension(InlineGeneration)
     env.tests = {name: guarded_test(name, t) for name, t in base.tests.items()}
@@ -250,11 +265,14 @@ def slot_template(chat_template: str):
 def render_with_slots(chat_template: str, chat: list[dict], kwargs: dict) -> str | None:
     """The template's output for a chat whose fields are slots (their guards recorded as it
     renders); None if it used a field in a way that cannot be replayed, or failed."""
+    compiled = slot_template(chat_template)
+    if compiled is None:
+        return None
     try:
-        return slot_template(chat_template).render(messages=chat, tools=None, documents=None,
-                                                   add_generation_prompt=False, **kwargs)
+        text = compiled.render(messages=chat, tools=None, documents=None, add_generation_prompt=False, **kwargs)
     except (Opaque, Exception):  # (a template that refuses the shape: each row is rendered, and says why)
         return None
+    return text if isinstance(text, str) else None  # (a recursive loop returns its output unjoined)
 
 
 def holds(guards: list, messages: list[dict]) -> bool:

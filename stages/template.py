@@ -113,7 +113,7 @@ def assistant_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int
         start = _common_prefix(full, alt)
         end = len(full) - _common_suffix(full, alt, len(full) - start)
         opened = full.rfind(header, floor, start + len(header))
-        if opened < 0 or end <= start:
+        if opened < 0 or alt == full or end < start:  # (an empty turn has an empty span)
             raise UserError("the chat template does not render each assistant turn in place; "
                             "loss masks cannot be derived from it")
         spans.append((min(opened + len(header), start), end))
@@ -139,26 +139,36 @@ class Skeleton:
 @functools.lru_cache(maxsize=256)
 def _skeleton(tok, chat_template: str, shape: tuple) -> Skeleton | None:
     """The skeleton of conversations of this shape; None for a shape the template refuses, and
-    for a template that holds placeholder characters itself (the pieces could not be told apart)
-    or is not one string."""
+    where the template's output holds placeholder characters of its own (the pieces could not
+    be told apart: the shape is rendered with two alphabets, which must give the same pieces)."""
     from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
 
-    if not isinstance(chat_template, str) or len(shape) > skeleton.MAX_MESSAGES or PLACEHOLDER.search(chat_template):
+    if not isinstance(chat_template, str) or len(shape) > skeleton.MAX_MESSAGES:
         return None
-    plain, slots, guards = [], [], []
-    for i, (role, has_reasoning) in enumerate(shape):
-        fields = ("content", "reasoning") if has_reasoning else ("content",)
-        plain.append({"role": role, **{f: skeleton.placeholder((i, f)) for f in fields}})
-        slots.append({"role": role, **{f: skeleton.Slot(((i, f),), guards) for f in fields}})
+    fields = [("content", "reasoning") if has_reasoning else ("content",) for _, has_reasoning in shape]
     try:
-        text = render(tok, plain)
+        text, pieces = placeholder_rendering(tok, shape, fields, 0)
+        if pieces is None or placeholder_rendering(tok, shape, fields, len(shape))[1] != pieces:
+            return None
     except Exception:  # the template refuses this shape: each row is rendered, and says why
         return None
-    pieces = tuple(piece if k % 2 == 0 else skeleton.field_of(piece) for k, piece in enumerate(PLACEHOLDER.split(text)))
+    guards = []
+    slots = [{"role": role, **{f: skeleton.Slot(((i, f),), guards) for f in fields[i]}} for i, (role, _) in enumerate(shape)]
     # the same call transformers' apply_chat_template makes, with slots where it would take plain copies
     kwargs = _plain_template_data(dict(tok.special_tokens_map))
     with_slots = skeleton.render_with_slots(dated(chat_template), _alias_reasoning_fields(for_template(slots)), kwargs)
     return Skeleton(pieces, tuple(guards) if with_slots == text else None)
+
+
+def placeholder_rendering(tok, shape: tuple, fields: list, shift: int) -> tuple[str, tuple | None]:
+    """The template's rendering of a shape with a placeholder character for each field, and
+    its pieces: literal text and (message, field), or None if a placeholder names no field."""
+    plain = [{"role": role, **{f: skeleton.placeholder((i, f), shift) for f in fields[i]}} for i, (role, _) in enumerate(shape)]
+    text = render(tok, plain)
+    pieces = tuple(piece if k % 2 == 0 else skeleton.field_of(piece, shift) for k, piece in enumerate(PLACEHOLDER.split(text)))
+    if any(not isinstance(p, str) and not (0 <= p[0] < len(shape) and p[1] in fields[p[0]]) for p in pieces):
+        return text, None
+    return text, pieces
 
 
 def fill(pieces: tuple, messages: list[dict]) -> tuple[str, dict, dict, bool]:
@@ -189,10 +199,9 @@ def spans_at(tok, messages: list[dict], text: str, first: dict, end: dict) -> li
         if i not in end:
             return None
         opened = text.rfind(header, floor, first[i] + len(header))
-        start = min(opened + len(header), first[i])
-        if opened < 0 or end[i] <= start:
+        if opened < 0:
             return None
-        spans.append((start, end[i]))
+        spans.append((min(opened + len(header), first[i]), end[i]))
         floor = end[i]
     return spans
 
@@ -277,12 +286,15 @@ class Refused(Exception):
     """The chat template raised an error for a conversation (a role it does not take, turns
     that do not alternate...): the row is bad, as a malformed one is."""
 
+    def __init__(self, error: TemplateError):
+        super().__init__(" ".join(str(error).split()))  # one line
+
 
 def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False) -> str | Refused:
     try:
         return render(tok, messages, generation_prompt)
     except TemplateError as e:
-        return Refused(str(e))
+        return Refused(e)
 
 
 def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray] | Refused]:
@@ -294,7 +306,7 @@ def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray,
         try:
             text, sp = render_with_spans(tok, m)
         except TemplateError as e:
-            out.append(Refused(str(e)))
+            out.append(Refused(e))
             continue
         out.append(None)
         texts.append(text)

@@ -53,10 +53,10 @@ class WordCache:
     out of the text at spaces (str.split, no regex), such as " word," (" word" and ",").
     Units are numbered as first seen; a unit's number indexes arrays of its length, token
     count and first position in flat arrays of all known units' ids and, per token, its
-    word's offset in the unit, so a text's ids are one dict lookup per unit and one numpy
-    gather. The regex and the model run once per distinct unit and word. The tables are
-    emptied, between texts, when they pass MAX_UNITS (memory stays bounded on text with
-    ever-new words: numbers, names, URLs)."""
+    word's offset in the unit, so a batch of texts' ids are one dict lookup per unit and one
+    numpy gather. The regex and the model run once per distinct unit and word. The tables
+    are emptied, between batches, when they pass MAX_UNITS (memory stays bounded on text
+    with ever-new words: numbers, names, URLs)."""
 
     MAX_UNITS = 1 << 20
 

@@ -109,9 +109,9 @@ def test_described_rows_are_their_own_texts_hashed():
     for _ in range(300):
         messages = [{"role": role, "content": text()}
                     for role in rng.choice([["user", "assistant"], ["system", "user", "assistant", "user", "assistant"]])]
-        records.append(rng.choice([{"messages": messages}, {"text": text()},
-                                   {"prompt": messages[:1], "reference": text()},
-                                   {"prompt": messages[:1], "chosen": messages[1:2], "rejected": messages[-1:]}]))
+        prompt = messages[:-2] or messages[:1]  # with an assistant turn where there is one: not an answer
+        records.append(rng.choice([{"messages": messages}, {"text": text()}, {"prompt": prompt, "reference": text()},
+                                   {"prompt": prompt, "chosen": messages[-1:], "rejected": messages[-1:]}]))
     for settings in (DedupeSection(near_threshold=0.8), DedupeSection(ngram=3, num_perm=16)):
         facts = cleaning.describe(records, settings)
         for i, record in enumerate(records):

@@ -119,3 +119,33 @@ def test_templates_that_look_at_the_content_render_the_same(name):
     sk = template._skeleton(tok, tok.chat_template, template.shape_of(plain))
     assert (sk.guards is not None) == replayable
     assert (fast > 0) == replayable
+
+
+WHOLE = {  # templates that reach a field in other ways; each must still render as the template does
+    "block read back": "{% block c %}{{ messages[-1].content }}{% endblock %}{% if 'a' in self.c() %}A{% endif %}",
+    "slot attribute": "{% for m in messages %}{% if m.content.text is defined %}{{ m.content }}{% else %}"
+                      "{{ m.content|trim }}{% endif %}{% endfor %}",
+    "index a list by content": "{% for m in messages %}{{ m.content }}{% if messages[m.content] is defined %}!"
+                               "{% endif %}{% endfor %}",
+    "index the loop by content": "{% for m in messages %}{{ m.content }}{% if loop[m.content] is defined %}?"
+                                 "{% endif %}{% endfor %}",
+    "recursive loop": "{% for m in messages recursive %}{{ m.content }}{% endfor %}",
+    "placeholder literal": "{% for m in messages %}{{ m.content }}{{ '\\ue100' }}{% endfor %}",
+    "placeholder token": "{% for m in messages %}{{ m.content }}{{ bos_token }}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+def test_other_ways_to_reach_a_field_render_the_same(name):
+    """Blocks read back through self, attributes a str lacks, subscripts by a field's text, a
+    recursive loop, and placeholder characters in the template's own output (a literal, and
+    a special token passed to it): a row the skeleton takes is filled to the template's own
+    rendering (these templates need not render assistant turns in a way masks can use)."""
+    tok = char_tokenizer()
+    tok.add_special_tokens({"bos_token": "\ue102"})  # the character of the second message's content
+    tok.chat_template = WHOLE[name] + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    for messages in conversations(random.Random(name), 60) + [[{"role": "user", "content": c}] for c in
+                                                              ("a", "count", "index", " x ", "\ue100")]:
+        sk = template._skeleton(tok, tok.chat_template, template.shape_of(messages))
+        if sk is not None and sk.guards is not None and skeleton.holds(sk.guards, messages):
+            assert template.fill(sk.pieces, messages)[0] == template.render(tok, messages), messages

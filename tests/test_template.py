@@ -174,3 +174,21 @@ def test_conversations_encoded_together_are_each_encoded_alone():
             [(want_ids, want_mask)] = template.encode_chats(t, [conversation])
             assert ids.tolist() == want_ids.tolist()
             assert mask.tolist() == want_mask.tolist(), conversation
+
+
+def test_an_empty_assistant_turn_in_a_prompt_has_an_empty_span():
+    """HH-style prompts can hold an assistant turn with nothing in it: it gets an empty span
+    (its end-of-turn token is learned, as any turn's), by the skeleton and by re-rendering."""
+    tok = tokenizer("qwen3.jinja")
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+                    {"role": "user", "content": "Well?"}, {"role": "assistant", "content": "Yes"}]
+    text, spans = template.render_with_spans(tok, conversation)
+    assert spans == template.assistant_spans(tok, conversation, text)
+    assert spans[0][0] == spans[0][1]
+    check(tok, conversation, [
+        ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("<|im_end|>", 1),
+        ("\n<|im_start|>user\nWell?<|im_end|>\n<|im_start|>assistant\n", 0),
+        ("<think>\n\n</think>\n\nYes<|im_end|>", 1),
+        ("\n", 0),
+    ])
