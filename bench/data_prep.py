@@ -13,9 +13,10 @@ Qwen3's own chat template), same sequence length, same number of processes:
         does no dedupe at all)
 
 Each runs in its own process; rows/s and tokens/s are counted on rows in, peak RSS comes from
-the kernel (wait4). Prints a table and writes it as JSON under bench/results/.
+the kernel (wait4). Prints a table and writes it as JSON under bench/results/. TRL's datasets
+cache for 1M rows takes about 37 GB of disk; on a smaller disk --trl-rows gives it a prefix.
 
-    python bench/data_prep.py --rows 1000000 --trl-rows 300000 [--only trl ours]
+    python bench/data_prep.py --rows 1000000 --out bench/results/data_prep_1m.json [--only trl ours]
 """
 from __future__ import annotations
 
