@@ -79,20 +79,10 @@ def words_of_bytes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (words * MIX) >> np.uint64(32), starts
 
 
-def shingles(h: np.ndarray, n: int) -> np.ndarray:
-    """32-bit hashes of the n-grams of a sequence of word hashes: n-grams combine their words'
-    hashes (fewer than n words: one gram of them all; no words: one empty word)."""
-    if not len(h):
-        h = np.zeros(1, dtype=np.uint64)
-    count = max(len(h) - n + 1, 1)
-    grams = h[:count].copy()
-    for k in range(1, min(n, len(h))):
-        grams = (grams * np.uint64(0x9E3779B1) + h[k: k + count]) & np.uint64(0xFFFFFFFF)
-    return grams
-
-
 def shingle_hashes(text: str, n: int) -> np.ndarray:
-    return shingles(word_hashes(text)[0], n)
+    """32-bit hashes of the word n-grams of one text (see segment_shingles)."""
+    h = word_hashes(text)[0]
+    return segment_shingles(h, np.array([[0, len(h)]]), n)[0]
 
 
 SCHEME = "affine32"  # datasketch's hashing scheme, named so stored signatures stay comparable
@@ -163,8 +153,10 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def segment_shingles(h: np.ndarray, bounds: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """shingles(h[lo:hi], n) of each (lo, hi) segment of one array of word hashes, concatenated,
-    and how many each segment has: every gram at once, whatever the segments' lengths."""
+    """32-bit hashes of the n-grams of each (lo, hi) segment of one array of word hashes,
+    concatenated, and how many each segment has: every gram at once, whatever the segments'
+    lengths. An n-gram combines its words' hashes; a segment of fewer than n words is one gram
+    of them all, one without words one gram of an empty word."""
     lo, hi = bounds[:, 0], bounds[:, 1]
     lengths = hi - lo
     counts = np.maximum(lengths - n + 1, 1)

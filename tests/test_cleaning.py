@@ -75,10 +75,23 @@ def test_repetition_filter():
     assert codes.tolist() == [1 + cleaning.REASONS.index("repetitive"), 0]
 
 
+def shingles(text: str, n: int) -> np.ndarray:
+    """The word n-gram hashes of one text, by their definition: each gram combines n words'
+    hashes in turn; fewer than n words make one gram of them all, no words one of an empty word."""
+    h = cleaning.word_hashes(text)[0]
+    if not len(h):
+        h = np.zeros(1, dtype=np.uint64)
+    count = max(len(h) - n + 1, 1)
+    grams = h[:count].copy()
+    for k in range(1, min(n, len(h))):
+        grams = (grams * np.uint64(0x9E3779B1) + h[k: k + count]) & np.uint64(0xFFFFFFFF)
+    return grams
+
+
 def repetition_of(texts: list[str], n: int = 3) -> float:
     """The repetition ratio, by its definition, from a row's own answers: the share of word n-grams
     (each non-blank answer on its own) equal to another of the row's."""
-    grams = [cleaning.shingle_hashes(cleaning.fold(t), n) for t in texts if t.strip()]
+    grams = [shingles(cleaning.fold(t), n) for t in texts if t.strip()]
     grams = np.sort(np.concatenate(grams)) if grams else np.zeros(0)
     return 0.0 if len(grams) < 2 else float(np.count_nonzero(grams[1:] == grams[:-1]) / len(grams))
 
@@ -88,13 +101,13 @@ def minhash(text: str, settings) -> np.ndarray:
     from datasketch import MinHash
 
     theirs = MinHash(num_perm=settings.num_perm, seed=1, scheme=cleaning.SCHEME, hashfunc=int)
-    theirs.update_batch(cleaning.shingle_hashes(text, settings.ngram).tolist())
+    theirs.update_batch(shingles(text, settings.ngram).tolist())
     return theirs.hashvalues
 
 
 def test_described_rows_are_their_own_texts_hashed():
     """describe hashes many rows at once and takes each row's answers' n-grams from its normalized
-    text: the fingerprint, repetition ratio and signature of every row are those computed from the
+    text (and shingle_hashes, which near dedupe compares, is one text's): the fingerprint, repetition ratio and signature of every row are those computed from the
     row's own texts, on real rows and on rows with Unicode whitespace, blank answers, answers
     without words, and every record kind, across batch boundaries."""
     import blake3
@@ -119,6 +132,7 @@ def test_described_rows_are_their_own_texts_hashed():
             assert facts["fingerprint"][i].tobytes() == blake3.blake3(norm.encode()).digest(length=16)
             assert facts["repetition"][i] == np.float32(repetition_of(rows.answers(record))), record
             assert np.array_equal(facts["signature"][i], minhash(norm, settings)), record
+            assert np.array_equal(cleaning.shingle_hashes(norm, settings.ngram), shingles(norm, settings.ngram))
 
 
 def test_signatures_are_datasketchs_minhash():
@@ -127,7 +141,7 @@ def test_signatures_are_datasketchs_minhash():
     texts = [cleaning.normalized(r) for r in records_of(GSM8K.read_text().splitlines()[:200])] if GSM8K.is_file() else []
     texts += ["", "one", "two words", " ".join(f"w{i}" for i in range(80000))]
     settings = DedupeSection(ngram=3)
-    grams = [cleaning.shingle_hashes(t, 3) for t in texts]
+    grams = [shingles(t, 3) for t in texts]
     ours = cleaning.signatures(np.concatenate(grams), np.array([len(g) for g in grams]), settings.num_perm)
     for text, got in zip(texts, ours):
         assert np.array_equal(got, minhash(text, settings)), text[:80]
