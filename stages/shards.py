@@ -79,6 +79,17 @@ def label_of(src) -> str:
     return src.path if src.path is not None else f"{src.hub}@{src.revision}"
 
 
+def sides(kind: str) -> tuple[str, ...]:
+    """The token sequences of a row: a preference pair has two."""
+    return ("ids", "rejected_ids") if kind == "preference" else ("ids",)
+
+
+def by_chunk(chunk_of: np.ndarray):
+    """(chunk, positions in chunk_of) for each chunk named in chunk_of, in chunk order."""
+    for c in np.unique(chunk_of):
+        yield c, np.flatnonzero(chunk_of == c)
+
+
 def source_jobs(src, root: Path):
     """One source's reading work for the workers, in file order: blocks of a JSON Lines file
     (which the workers parse; see rows.jsonl_blocks) or lists of (where, raw row) read here,
@@ -210,8 +221,8 @@ def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, kin
 def write_packed(path: Path, docs: list[dict], L: int, pad_id: int) -> int:
     """Documents packed best-fit-decreasing into sequences of L tokens (stages/packed.py);
     returns how many sequences."""
-    bins = pack([len(d["ids"]) for d in docs], L)
     lengths = np.array([len(d["ids"]) for d in docs], dtype=np.int64)
+    bins = pack(lengths.tolist(), L)
     order = np.concatenate([np.array(b, dtype=np.int64) for b in bins])
     sizes = np.array([len(b) for b in bins])
     sequence = np.repeat(np.arange(len(bins)), sizes)
@@ -268,8 +279,7 @@ def write_shard(path: Path, chunks: list, at: np.ndarray, kind: str, L: int, pad
     """One shard of documents, given as (chunk, row in it) and cut to L tokens; returns the
     sequences written (0 for the unpacked kinds). Runs in a worker."""
     docs = [None] * len(at)
-    for c in np.unique(at[:, 0]):
-        where = np.flatnonzero(at[:, 0] == c)
+    for c, where in by_chunk(at[:, 0]):
         for k, doc in zip(where, chunk_docs(*chunks[c], at[where, 1], kind)):
             docs[k] = {key: v if isinstance(v, str) else v[:L] for key, v in doc.items()}
     if kind in ("chat", "text"):
@@ -311,7 +321,7 @@ def prepare_chunk(records: list[dict], docs: list[dict], data, kind: str) -> dic
     arrays = cleaning.describe(records, data.dedupe)
     arrays["split"] = np.array([split_hash(f.tobytes(), data.seed) for f in arrays["fingerprint"]], dtype=np.uint32)
     arrays["loss_tokens"] = np.zeros(len(docs), dtype=np.int64)
-    for key in SIDES.get(kind, ("ids",)):
+    for key in sides(kind):
         mask_key = key.replace("ids", "mask")
         arrays[key] = np.concatenate([np.asarray(doc[key], dtype=np.int32) for doc in docs])
         arrays[f"{key}_offsets"] = np.cumsum([0] + [len(doc[key]) for doc in docs]).astype(np.int64)
@@ -379,8 +389,9 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
     progress = tqdm(desc=label_of(src), unit=" rows", mininterval=2)
 
     def take(future) -> None:
-        count.take(future.result())
-        progress.update(future.result()["rows_in"])
+        outcome = future.result()
+        count.take(outcome)
+        progress.update(outcome["rows_in"])
 
     workers = os.cpu_count() or 1
     with ProcessPoolExecutor(workers, mp_context=get_context("fork"), initializer=_start_worker,
@@ -401,9 +412,6 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
                                                indent=1, sort_keys=True) + "\n")
 
 
-SIDES = {"preference": ("ids", "rejected_ids")}
-
-
 def chunk_docs(path: Path, src, rows_at: np.ndarray, kind: str) -> list[dict]:
     """The tokenized documents of some rows of one prepared chunk (ids and masks, both sides of
     a pair, and a prompt's reference answer)."""
@@ -411,7 +419,7 @@ def chunk_docs(path: Path, src, rows_at: np.ndarray, kind: str) -> list[dict]:
 
     docs = [{} for _ in rows_at]
     with safe_open(str(path), "np") as f:
-        for key in SIDES.get(kind, ("ids",)):
+        for key in sides(kind):
             offsets, ids, mask = (f.get_tensor(k) for k in (f"{key}_offsets", key, key.replace("ids", "mask")))
             for doc, i in zip(docs, rows_at):
                 lo, hi = offsets[i], offsets[i + 1]
@@ -454,9 +462,9 @@ class Prepared:
             with safe_open(str(path), "np") as f:
                 for key in ("fingerprint", "repetition", "split", "loss_tokens"):
                     facts[key].append(f.get_tensor(key))
-                sides = [np.diff(f.get_tensor(f"{key}_offsets")) for key in SIDES.get(kind, ("ids",))]
-            facts["lengths"].append(sides[0])
-            facts["longest"].append(np.max(sides, axis=0))
+                lengths = [np.diff(f.get_tensor(f"{key}_offsets")) for key in sides(kind)]
+            facts["lengths"].append(lengths[0])
+            facts["longest"].append(np.max(lengths, axis=0))
         sizes = np.array([len(a) for a in facts["split"]], dtype=np.int64)
         self.fingerprint, self.repetition, self.split, self.loss_tokens, self.lengths, self.longest = (
             np.concatenate(facts[key]) if self.chunks else np.zeros(0, dtype=np.int64) for key in facts)
@@ -472,8 +480,8 @@ class Prepared:
 
     def records(self, rows_at: np.ndarray):
         """The records of these rows (in increasing order), a chunk at a time."""
-        for c in np.unique(self.chunk_of[rows_at]):
-            yield from chunk_records(*self.chunks[c], self.local[rows_at[self.chunk_of[rows_at] == c]], self.kind)
+        for c, where in by_chunk(self.chunk_of[rows_at]):
+            yield from chunk_records(*self.chunks[c], self.local[rows_at[where]], self.kind)
 
     def record(self, i: int) -> dict:
         return chunk_records(*self.chunks[self.chunk_of[i]], self.local[i: i + 1], self.kind)[0]
@@ -481,9 +489,9 @@ class Prepared:
     def loss_up_to(self, rows_at: np.ndarray, cut: int) -> np.ndarray:
         """Loss tokens among the first `cut` tokens of each of these rows (both sides of a pair)."""
         out = np.zeros(len(rows_at), dtype=np.int64)
-        for k, i in enumerate(rows_at):
-            doc = chunk_docs(*self.chunks[self.chunk_of[i]], self.local[i: i + 1], self.kind)[0]
-            out[k] = sum(int(doc[key.replace("ids", "mask")][:cut].sum()) for key in SIDES.get(self.kind, ("ids",)))
+        for c, where in by_chunk(self.chunk_of[rows_at]):
+            for k, doc in zip(where, chunk_docs(*self.chunks[c], self.local[rows_at[where]], self.kind)):
+                out[k] = sum(int(doc[key.replace("ids", "mask")][:cut].sum()) for key in sides(self.kind))
         return out
 
 
@@ -529,27 +537,24 @@ def build(ctx, out: Path) -> None:
         raise UserError(f"data: no training rows left after cleaning (dropped {dict(dropped)}); "
                         f"check the sources and filters")
     sequences, shards = write_shards(out / "train", prepared, docs, kind, L, tok.pad_token_id)
-    c = {"documents": len(docs), "tokens": int(np.minimum(prepared.lengths[docs], L).sum()),
-         "loss_tokens": int(loss[codes == 0].sum()), "truncated_kept": len(cut), "sequences": sequences}
-    kept_heldout = len(held)
     stats = {
         "kind": kind,
         "rows_in": dict(sorted(rows_in.items())),
         "rows_in_total": sum(rows_in.values()),
-        "kept": {"train": c["documents"], "heldout": kept_heldout},
+        "kept": {"train": len(docs), "heldout": len(held)},
         "dropped": dict(sorted(dropped.items())),
-        "truncated_kept": c["truncated_kept"],
-        "tokens": c["tokens"],
-        "loss_tokens": c["loss_tokens"],
+        "truncated_kept": len(cut),
+        "tokens": int(np.minimum(prepared.lengths[docs], L).sum()),
+        "loss_tokens": int(loss[codes == 0].sum()),
         "shards": shards,
     }
     if kind in ("chat", "text"):
-        stats.update(sequences=c["sequences"], sequence_length=data.max_length,
-                     packing_efficiency=round(c["tokens"] / (c["sequences"] * data.max_length), 6))
-    assert stats["rows_in_total"] == c["documents"] + kept_heldout + sum(dropped.values()), stats
+        stats.update(sequences=sequences, sequence_length=L,
+                     packing_efficiency=round(stats["tokens"] / (sequences * L), 6))
+    assert stats["rows_in_total"] == len(docs) + len(held) + sum(dropped.values()), stats
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("%d rows in: %d train, %d held out, dropped %s", stats["rows_in_total"], c["documents"],
-                 kept_heldout, stats["dropped"])
+    ctx.log.info("%d rows in: %d train, %d held out, dropped %s", stats["rows_in_total"], len(docs),
+                 len(held), stats["dropped"])
     if "packing_efficiency" in stats:
         ctx.log.info("packed %d documents (%d tokens) into %d sequences of %d: efficiency %.3f",
-                     c["documents"], c["tokens"], c["sequences"], data.max_length, stats["packing_efficiency"])
+                     len(docs), stats["tokens"], sequences, L, stats["packing_efficiency"])
