@@ -1,39 +1,13 @@
 """mindxtrain: `doit manifest:<recipe>` builds recipes/<recipe>.yaml; `doit verify` checks receipts.
 
-A thin table: every stage's logic lives in stages/, and stages.graph turns the
-stage table into doit tasks (one subtask per recipe).
+Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
+per recipe (stages/engine/graph.py); verify is the engine's own task.
 """
-from stages import graph, verify
+from stages.engine import graph, verify
+from stages.table import STAGES
 
 DOIT_CONFIG = graph.DOIT_CONFIG
-
-
-def task_base():
-    return graph.stage_tasks("base")
-
-
-def task_plan():
-    return graph.stage_tasks("plan")
-
-
-def task_shards():
-    return graph.stage_tasks("shards")
-
-
-def task_checkpoint():
-    return graph.stage_tasks("checkpoint")
-
-
-def task_quantized():
-    return graph.stage_tasks("quantized")
-
-
-def task_eval():
-    return graph.stage_tasks("eval")
-
-
-def task_manifest():
-    return graph.stage_tasks("manifest")
+globals().update(graph.task_creators(STAGES))
 
 
 def task_verify():

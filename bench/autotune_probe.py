@@ -68,8 +68,8 @@ def matmul_params(shape: dict) -> int:
 def main() -> None:
     from transformers import Qwen3Config
 
-    from stages import autotune
-    from stages.recipe import Recipe
+    from stages.train import autotune
+    from stages.engine.recipe import Recipe
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")

@@ -83,15 +83,15 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
     from peft import get_peft_model
     from peft.helpers import disable_input_dtype_casting
 
-    from stages import autotune
-    from stages.checkpoint import lora_config
-    from stages.recipe import TrainSection
+    from stages.train import autotune, settings
+    from stages.train.settings import lora_config
+    from stages.engine.recipe import TrainSection
 
-    autotune.training_mode()
+    settings.training_mode()
     model = new_model("sdpa")
     model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
     model.train()
-    autotune.apply_settings(model, setting)
+    settings.apply_settings(model, setting)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     batch = autotune.packed_batch(setting["micro_batch_size"], 2048, model.config.vocab_size)
     torch.cuda.reset_peak_memory_stats()
@@ -187,16 +187,17 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    from stages import autotune
-    from stages.base import char_tokenizer
-    from stages.checkpoint import make_trainer, training_context
-    from stages.recipe import TrainSection
+    from stages.train import autotune, settings
+    from stages.model.tiny import char_tokenizer
+    from stages.train.settings import training_context
+    from stages.train.sft import make_trainer
+    from stages.engine.recipe import TrainSection
 
-    autotune.training_mode()
+    settings.training_mode()
     model = new_model("sdpa")
-    autotune.apply_settings(model, {**setting, "compile": setting["compile"] and not compile_mode})
+    settings.apply_settings(model, {**setting, "compile": setting["compile"] and not compile_mode})
     if compile_mode:
-        for layer in autotune.decoder_layers(model):
+        for layer in settings.decoder_layers(model):
             layer.compile(mode=compile_mode)
     if eager_loss:  # the loss as transformers runs it, not compiled with the layers
         from transformers.loss.loss_utils import LOSS_MAPPING

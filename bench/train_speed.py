@@ -60,8 +60,8 @@ def documents(n: int, vocab: int, seed: int = 0) -> list[dict]:
 
 def packed_rows(docs: list[dict], pad_id: int) -> dict:
     """Our shards' layout: BFD bins of MAX_LENGTH, labels only on completions, positions restart."""
-    from stages.packed import IGNORE
-    from stages.shards import pack
+    from stages.data.packed import IGNORE
+    from stages.data.shard_writer import pack
 
     rows = {"input_ids": [], "labels": [], "position_ids": []}
     for members in pack([len(d["input_ids"]) for d in docs], MAX_LENGTH):
@@ -157,14 +157,15 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     import torch
     from datasets import Dataset
 
-    from stages import autotune
-    from stages.checkpoint import make_trainer, training_context
-    from stages.recipe import TrainSection
+    from stages.train import settings
+    from stages.train.settings import training_context
+    from stages.train.sft import make_trainer
+    from stages.engine.recipe import TrainSection
 
     torch.cuda.reset_peak_memory_stats()
-    autotune.training_mode()
+    settings.training_mode()
     model = new_model("sdpa")
-    autotune.apply_settings(model, decisions)
+    settings.apply_settings(model, decisions)
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,
                      max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
     plan = {**decisions, "device": "cuda", "dtype": "bfloat16", "grad_accum": BATCH // decisions["micro_batch_size"]}
@@ -188,9 +189,9 @@ def run_one(name: str, work: Path) -> dict:
     """One configuration, in a process of its own: Liger patches transformers' Qwen3 classes
     for the whole process and training_mode() makes torch deterministic for the whole
     process, so neither may leak into the runs after it."""
-    from stages import autotune
-    from stages.base import char_tokenizer
-    from stages.recipe import Recipe
+    from stages.train import autotune
+    from stages.model.tiny import char_tokenizer
+    from stages.engine.recipe import Recipe
     from transformers import Qwen3Config
 
     shape = SHAPES["qwen3-8b"]

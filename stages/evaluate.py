@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stages import template
-from stages.checkpoint import load_trained
+from stages.data.render import render
+from stages.model.trained import load_trained
 
 
 def heldout_docs(shards: Path, tok, limit: int | None) -> list[dict]:
@@ -21,7 +21,7 @@ def heldout_docs(shards: Path, tok, limit: int | None) -> list[dict]:
     for row in rows[:limit]:
         messages = row["messages"]
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        prompt = template.render(tok, messages[:last], generation_prompt=True)
+        prompt = render(tok, messages[:last], generation_prompt=True)
         answer = messages[last]["content"]
         # lm-eval moves the prompt's trailing whitespace into the continuation before
         # scoring it; count the scored tokens the same way so perplexity is per token.

@@ -4,7 +4,7 @@ plan.json holds decisions only (hashed; they feed the checkpoint key and trainin
 applies them verbatim). Timings that led to them are run-time measurements and
 are kept beside the artifact (in its sidecar), never in the hashed tree.
 On CPU the decisions follow from the device facts; on a GPU (CUDA or ROCm) they come
-from stages/autotune.py's probe: real training steps per candidate, inside
+from stages/train/autotune.py's probe: real training steps per candidate, inside
 autotune.budget_seconds. The recipe's global batch (micro x accumulation) is kept.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 import platform
 from pathlib import Path
 
-from stages import autotune
-from stages.errors import UserError
+from stages.engine.errors import UserError
+from stages.train import autotune, settings
 
 GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
 
@@ -74,7 +74,7 @@ def build(ctx, out: Path) -> None:
                                 "see the plan log, check data.max_length and the GPU")
             decisions.update(found["decisions"])
             decisions["grad_accum"] = r.train.global_batch // decisions["micro_batch_size"]
-            decisions["env"] = {**decisions["env"], **autotune.rocm_env(decisions["rocm_fa_library"])}
+            decisions["env"] = {**decisions["env"], **settings.rocm_env(decisions["rocm_fa_library"])}
             ctx.log.info("probe chose %s at %.0f tokens/s", found["decisions"], found["tokens_per_s"])
     ctx.run["facts"] = facts
     (out / "plan.json").write_text(json.dumps({"decisions": decisions, "facts": facts},

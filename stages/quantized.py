@@ -11,9 +11,9 @@ import json
 import os
 from pathlib import Path
 
-from stages import packed
-from stages.checkpoint import load_trained
-from stages.errors import UserError
+from stages.data import packed
+from stages.model.trained import load_trained
+from stages.engine.errors import UserError
 
 
 def sequences(shards: Path, first: int, count: int):

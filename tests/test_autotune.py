@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from stages import autotune, plan
+from stages.train import autotune, settings
+from stages import plan
 
 GiB = 2**30
 CUDA = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "hip": None, "cuda": "13.0"}
@@ -28,9 +29,9 @@ def test_rocm_candidates_choose_between_aotriton_and_ck_flash_attention():
     got = names(autotune.attention_candidates(MI300X))
     assert ("sdpa", "flash_attention", "aotriton") in got and ("sdpa", "flash_attention", "ck") in got
     assert all(backend != "cudnn_attention" for _, backend, _ in got)  # no cuDNN on ROCm
-    assert autotune.rocm_env("ck") == {"TORCH_ROCM_FA_PREFER_CK": "1"}
-    assert autotune.rocm_env("aotriton") == {"TORCH_ROCM_FA_PREFER_CK": "0"}
-    assert autotune.rocm_env(None) == {}
+    assert settings.rocm_env("ck") == {"TORCH_ROCM_FA_PREFER_CK": "1"}
+    assert settings.rocm_env("aotriton") == {"TORCH_ROCM_FA_PREFER_CK": "0"}
+    assert settings.rocm_env(None) == {}
 
 
 def test_mi300x_env_block_turns_off_tuning_during_training(tmp_path):
@@ -122,7 +123,7 @@ def test_checkpointing_modes_on_a_real_model(mode, recomputed):
 
     model = tiny_qwen3(vocab_size=64)
     model.train()
-    autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
+    settings.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
                                     "gradient_checkpointing": mode, "compile": False, "fused_cross_entropy": False})
     assert sum(layer.gradient_checkpointing for layer in model.model.layers) == recomputed
     ids = torch.randint(0, 64, (2, 16))
@@ -136,15 +137,15 @@ def test_compiled_regions_train_as_eager_does_loss_included():
     import torch
     from peft import get_peft_model
 
-    from stages.checkpoint import lora_config
-    from stages.recipe import TrainSection
+    from stages.train.settings import lora_config
+    from stages.engine.recipe import TrainSection
 
     def loss_and_grads(compile: bool):
         torch.manual_seed(0)
         lora = lora_config(TrainSection(peft="lora", lora={"r": 4, "alpha": 8}))
         model = get_peft_model(tiny_qwen3(vocab_size=96), lora)
         model.train()
-        autotune.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
+        settings.apply_settings(model, {"attn_implementation": "sdpa", "rocm_fa_library": None,
                                         "gradient_checkpointing": "off", "compile": compile,
                                         "fused_cross_entropy": False})
         ids = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -153,7 +154,7 @@ def test_compiled_regions_train_as_eager_does_loss_included():
         loss = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(27)).loss
         loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
-        assert hasattr(autotune.without_peft(model).loss_function, "_torchdynamo_orig_callable") == compile
+        assert hasattr(settings.without_peft(model).loss_function, "_torchdynamo_orig_callable") == compile
         return loss.detach(), grads
 
     eager_loss, eager_grads = loss_and_grads(False)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages import cleaning, rows
-from stages.recipe import DedupeSection, FiltersSection
+from stages.data import cleaning, rows
+from stages.engine.recipe import DedupeSection, FiltersSection
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 GSM8K = SHARED / "gsm8k" / "train.jsonl"

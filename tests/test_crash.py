@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import ALL_STAGES, NO_NETWORK, doit
-from stages.store import hash_file, list_files
+from stages.engine.store import hash_file, list_files
 
 ORDER = ["base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"]
 

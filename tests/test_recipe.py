@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from stages import keys
-from stages.errors import UserError
-from stages.recipe import load
+from stages.engine import keys
+from stages.engine.errors import UserError
+from stages.engine.recipe import load
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = (REPO / "recipes" / "tiny.yaml").read_text()

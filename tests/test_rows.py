@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from stages import rows
-from stages.errors import UserError
-from stages.recipe import DataSection
-from stages.shards import SourceCount, job_records, label_of, source_jobs
+from stages.data import rows
+from stages.engine.errors import UserError
+from stages.engine.recipe import DataSection
+from stages.data.sources import SourceCount, job_records, label_of, source_jobs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/datasets is not on this machine")

@@ -2,7 +2,6 @@
 a packed sequence, a stable held-out split, and shards for every training method."""
 from __future__ import annotations
 
-import gzip
 import json
 import shutil
 from pathlib import Path
@@ -11,15 +10,15 @@ import numpy as np
 import pytest
 
 from conftest import SHARED, doit
-from stages import shards
+from stages.data import selection, shard_writer
 
 DATASETS = SHARED / "datasets"
 
 def test_best_fit_decreasing_packing():
-    bins = shards.pack([5, 4, 3, 3, 2, 1], capacity=8)
+    bins = shard_writer.pack([5, 4, 3, 3, 2, 1], capacity=8)
     assert bins == [[0, 2], [1, 3, 5], [4]]
     lengths = [7, 250, 3, 128, 128, 90, 40, 166, 12, 1, 256]
-    bins = shards.pack(lengths, capacity=256)
+    bins = shard_writer.pack(lengths, capacity=256)
     assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in b) <= 256 for b in bins)
     assert len(bins) == -(-sum(lengths) // 256)  # as few bins as the total allows, here
@@ -31,8 +30,8 @@ def test_packed_documents_do_not_attend_to_each_other(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from stages.base import build_from_config
-    from stages.recipe import TinyConfig
+    from stages.model.tiny import build_from_config
+    from stages.engine.recipe import TinyConfig
 
     build_from_config(TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8), tmp_path)
@@ -51,12 +50,12 @@ def test_packed_shards_give_each_document_its_tokens_labels_and_positions(tmp_pa
     """A shard stores ids, a loss mask and the document table; what training reads back is each
     document's ids, its labels (IGNORE off the mask) and positions from 0, and padding that
     learns nothing and counts from 0 as a document of its own. Read whole and by ranges."""
-    from stages import packed
+    from stages.data import packed
 
     rng = np.random.default_rng(0)
     docs = [{"ids": rng.integers(3, 90, n).astype(np.int32), "mask": (rng.random(n) < 0.5).astype(np.uint8)}
             for n in rng.integers(1, 40, 300)]
-    n = shards.write_packed(tmp_path / "s.safetensors", docs, 64, pad_id=1)
+    n = shard_writer.write_packed(tmp_path / "s.safetensors", docs, 64, pad_id=1)
     table = {(len(d["ids"]), d["ids"].tobytes()): d for d in docs}
     for first, count in ((0, None), (3, 5), (n - 2, 10)):
         rows = packed.read(tmp_path / "s.safetensors", first, count)
@@ -74,12 +73,12 @@ def test_packed_shards_give_each_document_its_tokens_labels_and_positions(tmp_pa
 
 
 def test_heldout_split_is_the_asked_fraction_and_follows_the_seed():
-    from stages.cleaning import fingerprint_of
+    from stages.data.cleaning import fingerprint_of
 
     rows = [fingerprint_of(f"user:what is {i} + 1?\nassistant:{i + 1}".encode()) for i in range(2000)]
-    held = [shards.split_hash(r, 0) < 0.1 * 2**32 for r in rows]
+    held = [selection.split_hash(r, 0) < 0.1 * 2**32 for r in rows]
     assert 150 < sum(held) < 250
-    assert [shards.split_hash(r, 1) < 0.1 * 2**32 for r in rows] != held
+    assert [selection.split_hash(r, 1) < 0.1 * 2**32 for r in rows] != held
 
 
 def shards_for(project: Path, name: str, method: str, sources: list[str], model: dict | None = None,
@@ -130,7 +129,7 @@ def test_preference_and_prompt_shards_from_real_data(fresh):
 
 
 def test_continued_pretraining_shards_learn_every_token(fresh):
-    from stages import packed
+    from stages.data import packed
 
     texts = [{"text": f"Line {i}: the quick brown fox number {i} jumps over {i * 7} lazy dogs."} for i in range(300)]
     (fresh / "data" / "text.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
@@ -191,15 +190,15 @@ def test_only_the_edited_source_is_prepared_again_and_near_dedupe_spans_files(fr
 def test_length_rules_are_counted(truncation, expect):
     """max_length 16, min_tokens 3, max_tokens 24; a document cut to 16 keeps only its first 16
     tokens' loss (the last one here has its loss past the cut, so it has none left)."""
-    from stages.recipe import DataSection
+    from stages.engine.recipe import DataSection
 
     data = DataSection(sources=[{"path": "x.jsonl"}], max_length=16, truncation=truncation,
                        filters={"min_tokens": 3, "max_tokens": 24})
     lengths = np.array([2, 5, 20, 30, 4, 20])
     loss = np.array([2, 5, 20, 30, 0, 1])
     loss_when_cut = {2: 16, 5: 0}
-    codes, cut, kept_loss = shards.length_rules(lengths, loss, lambda at: [loss_when_cut[i] for i in at], data, "chat")
-    assert shards.counted(codes, shards.LENGTH_REASONS) == expect["dropped"]
+    codes, cut, kept_loss = selection.length_rules(lengths, loss, lambda at: [loss_when_cut[i] for i in at], data, "chat")
+    assert selection.counted(codes, selection.LENGTH_REASONS) == expect["dropped"]
     assert np.flatnonzero(codes == 0).tolist() == expect["kept"]
     assert cut.tolist() == expect["cut"]
     if truncation == "truncate":
@@ -210,8 +209,8 @@ def test_a_row_the_chat_template_refuses_is_a_bad_row(fresh):
     """A model whose template takes no system turn (as Gemma's): that row fails the build with
     its file:line (the first bad row, before a malformed one), nothing of it in the store; with
     on_error: skip it is counted and the rest kept."""
-    from stages.base import build_from_config
-    from stages.recipe import TinyConfig
+    from stages.model.tiny import build_from_config
+    from stages.engine.recipe import TinyConfig
 
     build_from_config(TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                  num_key_value_heads=1, head_dim=16), fresh / "nosystem")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import trl
 
-from stages import skeleton, template
-from stages.base import char_tokenizer
-from stages.errors import UserError
+from stages.data import skeleton, template
+from stages.model.tiny import char_tokenizer
+from stages.engine.errors import UserError
 
 TEMPLATES = sorted((Path(trl.__file__).parent / "chat_templates").glob("*.jinja"))
 CONTENTS = ["", " ", "\n", "\n\nafter newlines", "before a newline\n", "  padded  ", "</think>", "<think>",

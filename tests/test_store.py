@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 
-from stages.store import StatCache, Store, hash_file, merkle
+from stages.engine.store import StatCache, Store, hash_file, merkle
 
 
 def test_stat_cache_trusts_unchanged_files_and_rereads_changed_ones(tmp_path):
@@ -60,7 +60,7 @@ def test_merkle_depends_on_names_and_contents():
 def test_files_are_hashed_window_by_window_as_one_blake3(tmp_path, monkeypatch):
     import blake3
 
-    from stages import store
+    from stages.engine import store
 
     monkeypatch.setattr(store, "HASH_WINDOW", mmap.ALLOCATIONGRANULARITY)  # many windows, quickly
     for size in (0, 1, mmap.ALLOCATIONGRANULARITY, 5 * mmap.ALLOCATIONGRANULARITY + 7):

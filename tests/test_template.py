@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trl
 
-from stages import template
-from stages.base import char_tokenizer
+from stages.data import render, template
+from stages.model.tiny import char_tokenizer
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"]  # gpt-oss's special tokens
@@ -97,7 +97,7 @@ def test_gpt_oss_harmony_channels():
 
 
 def test_a_template_that_hides_assistant_turns_is_refused():
-    from stages.errors import UserError
+    from stages.engine.errors import UserError
 
     tok = tokenizer()
     tok.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' %}{{ m['content'] }}"
@@ -119,7 +119,7 @@ def test_skeleton_spans_agree_with_sentinel_rendering(template_file, specials):
     """The skeleton (one render per shape) gives the template's rendering and the same spans as
     re-rendering per turn, and a row whose content the template rewrites fails its guards, so
     the template renders it."""
-    from stages import skeleton
+    from stages.data import skeleton
 
     tok = tokenizer(template_file, specials)
     conversations = [CONVERSATION, CONVERSATION[1:], CONVERSATION[:3], CONVERSATION[:2]]
@@ -154,7 +154,7 @@ def test_templates_that_print_today_print_a_fixed_date(template_file, specials, 
     text = template.render(tok, CONVERSATION)
     assert printed in text
     today = datetime.date.today()
-    if today != template.TEMPLATE_DATE:
+    if today != render.TEMPLATE_DATE:
         assert today.strftime("%Y-%m-%d") not in text and today.strftime("%d %b %Y") not in text
 
 

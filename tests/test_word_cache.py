@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import trl
 
-from stages import template
-from stages.base import char_tokenizer
-from stages.word_cache import BYTE_LEVEL_PATTERN, O200K_PATTERN, QWEN_PATTERN, SPACE_CUT_PATTERNS, WordCache, \
+from stages.data import template
+from stages.model.tiny import char_tokenizer
+from stages.data.word_cache import BYTE_LEVEL_PATTERN, O200K_PATTERN, QWEN_PATTERN, SPACE_CUT_PATTERNS, WordCache, \
     ascii_version, encode_texts, joined_where_not_cut
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"

@@ -18,6 +18,9 @@ from __future__ import annotations
 import importlib.util
 import time
 
+from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, rocm_env, sdpa_backend,
+                                   training_mode)
+
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
 DOCUMENT_MEDIAN = 450  # tokens: packed sequences are cut into documents of lognormal length
 # (at most an eighth of the sequence, so a sequence always holds several, as packed shards do:
@@ -36,11 +39,6 @@ def attention_candidates(facts: dict) -> list[dict]:
     if importlib.util.find_spec("flash_attn") is not None:
         out.append({"attn_implementation": "flash_attention_2", "sdpa_backend": None, "rocm_fa_library": None})
     return out
-
-
-def rocm_env(library: str | None) -> dict[str, str]:
-    """The environment switch that selects the ROCm flash-attention library (none: torch's default)."""
-    return {} if library is None else {"TORCH_ROCM_FA_PREFER_CK": "1" if library == "ck" else "0"}
 
 
 def micro_batches(global_batch: int) -> list[int]:
@@ -124,70 +122,6 @@ def packed_batch(micro_batch: int, length: int, vocab: int, seed: int = 0):
     return {"input_ids": ids.cuda(), "labels": ids.cuda(), "position_ids": positions.cuda()}
 
 
-def apply_checkpointing(model, mode: str) -> None:
-    """off, full, or selective: every other decoder layer recomputed in the backward pass."""
-    if mode == "off":
-        model.gradient_checkpointing_disable()
-        return
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if mode == "selective":
-        for layer in decoder_layers(model)[1::2]:
-            layer.gradient_checkpointing = False
-
-
-def decoder_layers(model) -> list:
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-
-
-def compile_regions(model) -> None:
-    """Regional compilation: each decoder layer compiled (one graph, reused by all layers),
-    and the loss: eager, it copies the logits to fp32, keeps fp32 log-probabilities for the
-    backward and writes an fp32 gradient, each the size of the logits (4 x 2048 tokens of
-    a 152k vocabulary: 5 GB apiece); compiled, the upcast, softmax and gather are fused."""
-    import torch
-
-    for layer in decoder_layers(model):
-        layer.compile()
-    base = without_peft(model)
-    base.loss_function = torch.compile(base.loss_function)
-
-
-def without_peft(model):
-    """The transformers model under a PEFT wrapper (itself when there is none)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def training_mode() -> None:
-    """Deterministic kernels only and no cuDNN benchmarking: set by training and by the probe
-    alike, so the probe never picks a kernel that training would refuse."""
-    import torch
-
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-
-
-def apply_settings(model, s: dict) -> None:
-    """Everything in a setting that acts on a built model (the training stage uses this too)."""
-    if s["rocm_fa_library"]:
-        import torch
-
-        torch.backends.cuda.preferred_rocm_fa_library(s["rocm_fa_library"])
-    model.set_attn_implementation(s["attn_implementation"])
-    apply_checkpointing(model, s["gradient_checkpointing"])
-    if s["compile"]:
-        compile_regions(model)
-    if s["fused_cross_entropy"]:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
-
-        # the fused loss only, bound to this instance: Liger's rope, RMSNorm and SwiGLU switches
-        # (on by default) patch transformers' module for the whole process, so every model built
-        # after this probe candidate would run them, compiled regions included
-        _apply_liger_kernel_to_instance(model=without_peft(model), fused_linear_cross_entropy=True,
-                                        cross_entropy=False, rope=False, rms_norm=False, swiglu=False)
-
-
 def probe(config_dir, recipe, log) -> dict:
     """Build the run's model on the GPU and search; returns search()'s result."""
     import os
@@ -195,8 +129,6 @@ def probe(config_dir, recipe, log) -> dict:
     import torch
     from peft.helpers import disable_input_dtype_casting
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from stages.checkpoint import lora_config, sdpa_backend
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)

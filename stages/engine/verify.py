@@ -13,7 +13,7 @@ import sys
 
 from doit.exceptions import TaskFailed
 
-from stages import graph
+from stages.engine import graph
 
 
 def problems(recipe_name: str, full: bool) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from stages.errors import UserError
+from stages.engine.errors import UserError
 
 
 class Section(BaseModel):

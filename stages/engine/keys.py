@@ -10,7 +10,7 @@ import json
 
 import blake3
 
-from stages.recipe import Recipe
+from stages.engine.recipe import Recipe
 
 
 def canonical(obj) -> str:

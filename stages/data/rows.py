@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from stages.errors import UserError
+from stages.engine.errors import UserError
 
 KIND_OF_METHOD = {"sft": "chat", "cpt": "text", "dpo": "preference", "orpo": "preference", "grpo": "prompt"}
 ROLES = {"system", "user", "assistant"}

@@ -1,0 +1,112 @@
+"""Prepared rows, as the first pass (stages/data/sources.py) leaves them in chunk files:
+what the second pass reads, as arrays over every row of every source, and a row's record or
+tokens read back only where needed (near dedupe's comparisons, held-out rows, shard writing).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from stages.data import rows
+
+def sides(kind: str) -> tuple[str, ...]:
+    """The token sequences of a row: a preference pair has two."""
+    return ("ids", "rejected_ids") if kind == "preference" else ("ids",)
+
+
+def by_chunk(chunk_of: np.ndarray):
+    """(chunk, positions in chunk_of) for each chunk named in chunk_of, in chunk order."""
+    for c in np.unique(chunk_of):
+        yield c, np.flatnonzero(chunk_of == c)
+
+
+def chunk_docs(path: Path, src, rows_at: np.ndarray, kind: str) -> list[dict]:
+    """The tokenized documents of some rows of one prepared chunk (ids and masks, both sides of
+    a pair, and a prompt's reference answer)."""
+    from safetensors import safe_open
+
+    docs = [{} for _ in rows_at]
+    with safe_open(str(path), "np") as f:
+        for key in sides(kind):
+            offsets, ids, mask = (f.get_tensor(k) for k in (f"{key}_offsets", key, key.replace("ids", "mask")))
+            for doc, i in zip(docs, rows_at):
+                lo, hi = offsets[i], offsets[i + 1]
+                doc[key], doc[key.replace("ids", "mask")] = ids[lo:hi], mask[lo:hi]
+    if kind == "prompt":
+        for doc, record in zip(docs, chunk_records(path, src, rows_at, kind)):
+            doc["reference"] = record["reference"]
+    return docs
+
+
+def chunk_records(path: Path, src, rows_at, kind: str) -> list[dict]:
+    """The canonical records of some rows of one prepared chunk."""
+    stored, bounds, from_source = chunk_rows(path)
+    return [stored_record(stored[bounds[i]: bounds[i + 1] - 1], from_source, src, kind) for i in rows_at]
+
+
+@functools.lru_cache(maxsize=2)
+def chunk_rows(path: Path) -> tuple[bytes, np.ndarray, bool]:
+    """A prepared chunk's rows as stored, where each begins, and whether they are source lines
+    (kept while near dedupe asks for records of the same chunk, row after row)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        from_source, bounds = f.metadata()["rows"] == "source", f.get_tensor("row_offsets")
+    return path.with_suffix(".rows").read_bytes(), bounds, from_source
+
+
+class Prepared:
+    """Every prepared row of a recipe's sources, in order: what cleaning and the length rules
+    read, as arrays over all rows (`lengths`: tokens of the document, or of a pair's chosen
+    side; `longest`: of its longer side), and each row's record or tokens read where needed."""
+
+    def __init__(self, parts: list[Path], sources, kind: str):
+        from safetensors import safe_open
+
+        self.kind = kind
+        self.chunks = [(path, src) for part, src in zip(parts, sources) for path in sorted(part.glob("chunk-*.safetensors"))]
+        facts = {key: [] for key in ("fingerprint", "repetition", "split", "loss_tokens", "lengths", "longest")}
+        for path, _ in self.chunks:
+            with safe_open(str(path), "np") as f:
+                for key in ("fingerprint", "repetition", "split", "loss_tokens"):
+                    facts[key].append(f.get_tensor(key))
+                lengths = [np.diff(f.get_tensor(f"{key}_offsets")) for key in sides(kind)]
+            facts["lengths"].append(lengths[0])
+            facts["longest"].append(np.max(lengths, axis=0))
+        sizes = np.array([len(a) for a in facts["split"]], dtype=np.int64)
+        self.fingerprint, self.repetition, self.split, self.loss_tokens, self.lengths, self.longest = (
+            np.concatenate(facts[key]) if self.chunks else np.zeros(0, dtype=np.int64) for key in facts)
+        self.chunk_of = np.repeat(np.arange(len(self.chunks)), sizes)
+        self.local = np.arange(len(self.chunk_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+    def signature_chunks(self):
+        from safetensors import safe_open
+
+        for path, _ in self.chunks:
+            with safe_open(str(path), "np") as f:
+                yield f.get_tensor("signature")
+
+    def records(self, rows_at: np.ndarray):
+        """The records of these rows (in increasing order), a chunk at a time."""
+        for c, where in by_chunk(self.chunk_of[rows_at]):
+            yield from chunk_records(*self.chunks[c], self.local[rows_at[where]], self.kind)
+
+    def record(self, i: int) -> dict:
+        return chunk_records(*self.chunks[self.chunk_of[i]], self.local[i: i + 1], self.kind)[0]
+
+    def loss_up_to(self, rows_at: np.ndarray, cut: int) -> np.ndarray:
+        """Loss tokens among the first `cut` tokens of each of these rows (both sides of a pair)."""
+        out = np.zeros(len(rows_at), dtype=np.int64)
+        for c, where in by_chunk(self.chunk_of[rows_at]):
+            for k, doc in zip(where, chunk_docs(*self.chunks[c], self.local[rows_at[where]], self.kind)):
+                out[k] = sum(int(doc[key.replace("ids", "mask")][:cut].sum()) for key in sides(self.kind))
+        return out
+
+
+def stored_record(line: bytes, from_source: bool, src, kind: str) -> dict:
+    """A prepared row's canonical record: its source line converted again, or the stored record."""
+    row = json.loads(line)
+    return rows.convert(row, src.format, kind) if from_source else row

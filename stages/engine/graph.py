@@ -1,0 +1,278 @@
+"""The build engine: the stage table (stages/table.py) made into doit tasks, each stage's key
+computed from its declared inputs, and a build committed to the store atomically.
+
+Each stage is deps + params + outs, nothing hidden: the recipe paths it reads,
+the upstream files it reads (by pattern, so a stage that reads only shards/train/
+is not invalidated by a change to shards/stats.json), the library versions that
+shape its output, and its code (its module and every stages/ module it imports). Its build
+sees only those (stages/engine/declared.py). doit orders and runs the tasks; the store
+decides what is up to date. The engine imports no stage: the table names them.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import logging
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+from doit.reporter import ConsoleReporter
+
+from stages.engine import keys
+from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
+from stages.engine.errors import UserError
+from stages.engine.recipe import Recipe, load
+from stages.engine.store import Store, hash_file, merkle, select
+
+ROOT = Path.cwd()
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the stages package
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the stage table: what the stage reads (recipe paths, upstream files by
+    pattern, library versions) and the module whose build(ctx, out) makes its artifact."""
+    name: str
+    module: str  # dotted, e.g. stages.shards
+    params: tuple[str, ...]
+    upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    packages: tuple[str, ...] = ()
+    doc: str = ""
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def recipe(name: str) -> Recipe:
+    return load(Path("recipes") / f"{name}.yaml")
+
+
+@functools.lru_cache(maxsize=None)
+def store() -> Store:
+    return Store(ROOT / "artifacts")
+
+
+def module(stage: Stage):
+    return importlib.import_module(stage.module)
+
+
+def source_file(module_name: str) -> Path | None:
+    """The file of a stages module (None for a package or a name that is not a module)."""
+    path = CODE_ROOT.joinpath(*module_name.split(".")).with_suffix(".py")
+    return path if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=None)
+def imported(module_name: str) -> tuple[str, ...]:
+    """The stages modules one module imports (anywhere in it: imports inside functions count)."""
+    found = set()
+    for node in ast.walk(ast.parse(source_file(module_name).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "stages":
+            for name in [node.module] + [f"{node.module}.{a.name}" for a in node.names]:
+                if source_file(name):  # `from stages.data import packed` names a module too
+                    found.add(name)
+    return tuple(sorted(found))
+
+
+def code_files(module_names) -> dict[str, str]:
+    """The code a stage runs: its module, the modules a recipe makes it run (a training
+    method's), and every stages module these import, transitively; path -> BLAKE3. A module it
+    does not import never changes its key."""
+    found, todo = set(), list(module_names)
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += imported(name)
+    return {source_file(m).relative_to(CODE_ROOT).as_posix(): hash_file(source_file(m)) for m in sorted(found)}
+
+
+def versions(packages) -> dict[str, str]:
+    """Installed versions ("python" is the interpreter's)."""
+    return {p: platform.python_version() if p == "python" else importlib.metadata.version(p) for p in packages}
+
+
+@dataclass
+class Context:
+    """What a stage's build function gets: its declared inputs only (the recipe as a view of
+    its declared fields, each upstream artifact as a directory of its declared files), never
+    the store to mutate (except through `cached`, which adds whole, content-keyed objects)."""
+    recipe_name: str
+    recipe: Recipe
+    root: Path
+    key: str
+    inputs: dict  # what the key was computed from
+    upstream: dict[str, Path]
+    artifacts: dict[str, dict]  # per upstream stage: its key, digest and declared files' hashes
+    work: Path
+    log: logging.Logger
+    run: dict = field(default_factory=dict)  # run-time measurements, kept beside the artifact
+
+    def cached(self, part: str, inputs: dict, make) -> tuple[Path, bool]:
+        """A piece of this stage's work (one data file's tokens, say) kept in the store under
+        its own key: built by make(dir) once, committed atomically, reused by any later build
+        whose inputs for it match, whatever else changed. Returns (its path, whether reused)."""
+        stage, key, st = f"{self.inputs['stage']}-{part}", keys.key_of(inputs), store()
+        reused = not st.damage(stage, key)
+        if not reused:
+            tmp = st.temp_dir(stage, key)
+            try:
+                make(tmp)
+                st.commit(stage, key, tmp, {"inputs": inputs})
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.run.setdefault(part, {})[key] = "reused" if reused else "built"
+        return st.path(stage, key), reused
+
+
+def upstream_artifacts(recipe_name: str, stage: Stage) -> dict[str, dict]:
+    """Each upstream artifact the recipe resolves to: key, digest, and the files the stage
+    declares it reads; raises UserError if one is not built."""
+    st, found = store(), {}
+    for up, patterns in stage.upstream.items():
+        ptr = st.pointer(recipe_name, up)
+        meta = ptr and st.sidecar(up, ptr["key"])
+        if meta is None:
+            raise UserError(f"{stage.name}:{recipe_name}: upstream {up} is not built; run doit {up}:{recipe_name}")
+        found[up] = {"key": ptr["key"], "digest": meta["digest"], "files": select(meta["files"], patterns)}
+    return found
+
+
+def key_inputs(recipe_name: str, stage: Stage, full: Recipe | None = None) -> dict:
+    """Everything a stage's output depends on, which is all its build may read: the recipe
+    fields it declares, the digests of the upstream files it declares, its code, the versions
+    of its libraries, and what its module's extra_inputs adds (data files' content, device
+    facts). `full` is the recipe (by default recipes/<recipe_name>.yaml). Raises UserError if
+    an input is missing."""
+    full = full or recipe(recipe_name)
+    r, mod = recipe_view(full, stage.params, stage.name), module(stage)
+    inputs = {
+        "stage": stage.name,
+        "code": code_files([stage.module, *(mod.code_modules(r) if hasattr(mod, "code_modules") else [])]),
+        "params": {p: keys.recipe_slice(full, p) for p in stage.params},
+        "upstream": {up: merkle(a["files"]) for up, a in upstream_artifacts(recipe_name, stage).items()},
+        "env": versions(stage.packages),
+    }
+    if hasattr(mod, "extra_inputs"):  # e.g. data files, device facts
+        inputs["extra"] = mod.extra_inputs(r, ROOT, store())
+    return inputs
+
+
+def is_built(recipe_name: str, stage: Stage) -> bool:
+    """doit uptodate: the key's object is in the store and intact (run-cache included)."""
+    st = store()
+    try:
+        key = keys.key_of(key_inputs(recipe_name, stage))
+    except (UserError, UndeclaredInput):
+        return False  # let the action run and report it
+    if st.damage(stage.name, key):
+        return False
+    st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
+    return True
+
+
+def _logger(path: Path, name: str) -> logging.Logger:
+    log = logging.getLogger(f"mindxtrain.{name}")
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(message)s")
+    for h in (logging.FileHandler(path), logging.StreamHandler(sys.stdout)):
+        h.setFormatter(fmt)
+        log.addHandler(h)
+    return log
+
+
+def build(recipe_name: str, stage: Stage):
+    """doit action: build one stage into a temp dir, then commit it to the store atomically."""
+    st = store()
+    tmp = log_tmp = view = None
+    try:
+        inputs = key_inputs(recipe_name, stage)
+        key = keys.key_of(inputs)
+        tmp = st.temp_dir(stage.name, key)
+        log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
+        log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
+        log.info("building %s:%s key=%s", stage.name, recipe_name, key)
+        artifacts = upstream_artifacts(recipe_name, stage)
+        upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
+        ctx = Context(recipe_name, recipe_view(recipe(recipe_name), stage.params, stage.name), ROOT, key,
+                      inputs, upstream, artifacts, st.work_dir(stage.name, key), log)
+        start = time.time()
+        module(stage).build(ctx, tmp)
+        ctx.run["seconds"] = round(time.time() - start, 3)
+        meta = st.commit(stage.name, key, tmp, {"inputs": inputs, "run": ctx.run})
+        log_tmp.replace(st.path(stage.name, key).with_suffix(".log"))
+        st.set_pointer(recipe_name, stage.name, key, meta["digest"])
+        log.info("built %s:%s digest=%s in %.1fs", stage.name, recipe_name, meta["digest"][:16],
+                 ctx.run["seconds"])
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    except (UserError, UndeclaredInput) as e:
+        return TaskFailed(str(e))
+    finally:
+        for leftover in (tmp, view):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+        if log_tmp is not None and log_tmp.exists():
+            log_tmp.unlink()
+
+
+def stage_tasks(stage: Stage):
+    """doit task generator: one subtask per recipe, e.g. checkpoint:tiny."""
+    yield {"basename": stage.name, "name": None, "doc": stage.doc}
+    for name in recipe_names():
+        yield {
+            "basename": stage.name,
+            "name": name,
+            "actions": [(build, [name, stage])],
+            "uptodate": [(is_built, [name, stage])],
+            "task_dep": [f"{up}:{name}" for up in stage.upstream],
+            "verbosity": 2,
+        }
+
+
+class StageTasks:
+    """A doit task creator for one row of the stage table (doit takes any object with a
+    create_doit_tasks method), so dodo.py makes every row a task without a function per stage."""
+
+    def __init__(self, stage: Stage):
+        self.stage = stage
+
+    def create_doit_tasks(self):
+        return stage_tasks(self.stage)
+
+
+def task_creators(table: dict[str, Stage]) -> dict[str, StageTasks]:
+    """dodo.py's namespace entries for the stage table: one task creator per stage."""
+    return {f"stage_{name}": StageTasks(stage) for name, stage in table.items()}
+
+
+class Reporter(ConsoleReporter):
+    """doit's console reporter, but a stage's TaskFailed (bad input) prints as its own lines."""
+
+    def _write_failure(self, result, write_exception=True):
+        fail = result["exception"]
+        if isinstance(fail, TaskFailed) and not fail.traceback:
+            self.write(f"error: {fail.message}\n" if write_exception else "")
+        else:
+            super()._write_failure(result, write_exception)
+
+
+(ROOT / "artifacts").mkdir(exist_ok=True)  # doit opens its DB there before any task runs
+DOIT_CONFIG = {
+    "default_tasks": ["manifest:tiny"],
+    "backend": "sqlite3",
+    "dep_file": "artifacts/doit.sqlite",
+    "reporter": Reporter,
+    "verbosity": 2,
+}

@@ -1,0 +1,2 @@
+"""Models: the tiny default built from a config, and a trained model loaded for the stages
+after training."""

@@ -1,0 +1,47 @@
+"""The stage table: every stage of the build, one row each, in build order.
+
+A row is deps + params + outs, nothing hidden (stages/engine/graph.py's Stage): the recipe
+paths the stage reads, the files of each upstream artifact it reads (by pattern), the
+libraries whose versions shape its output, and its module, whose build(ctx, out) makes the
+artifact. The build sees nothing else: reading an undeclared recipe field or opening an
+undeclared upstream file fails (stages/engine/declared.py). To add a stage, write its module
+beside the others and add its row here; dodo.py makes a task of every row.
+"""
+from __future__ import annotations
+
+from stages.engine.graph import Stage
+
+MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "tokenizer*",
+               "chat_template.jinja", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer*", "chat_template.jinja", "special_tokens_map.json")
+TRAINED = ("model/*", "adapter/*")
+RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "datasets",
+                    "lm-eval", "amd-quark", "safetensors", "blake3", "doit", "pydantic")
+
+STAGES = {s.name: s for s in [
+    Stage("base", "stages.base", ("model",), {}, ("torch", "transformers"),
+          "the base model + tokenizer as an artifact"),
+    Stage("plan", "stages.plan", ("hardware", "autotune", "train.peft", "train.lora", "train.micro_batch_size",
+                                  "train.grad_accum", "data.max_length"),
+          {"base": ("config.json",)}, ("torch", "transformers", "peft"),
+          "plan.json: the decisions training applies verbatim"),
+    Stage("shards", "stages.shards", ("data", "train.method"), {"base": TOKENIZER_FILES},
+          ("transformers", "tokenizers", "datasets", "datasketch", "blake3"),
+          "tokenized, masked, packed shards + stats.json"),
+    Stage("checkpoint", "stages.checkpoint", ("train",),
+          {"base": MODEL_FILES, "shards": ("train/*",), "plan": ("plan.json",)},
+          ("torch", "transformers", "trl", "peft", "accelerate", "datasets"),
+          "trained weights or PEFT adapter + metrics.jsonl"),
+    Stage("quantized", "stages.quantized", ("quantize",),
+          {"base": MODEL_FILES, "checkpoint": TRAINED, "shards": ("train/*",)},
+          ("torch", "transformers", "peft", "amd-quark"),
+          "Quark FP8 export in HF format (LoRA merged first)"),
+    Stage("eval", "stages.evaluate", ("eval",),
+          {"base": MODEL_FILES, "checkpoint": TRAINED, "quantized": ("model/*",),
+           "shards": ("heldout/*",)},
+          ("torch", "transformers", "peft", "lm-eval", "amd-quark", "datasets"),
+          "eval.json from lm-eval: base, trained and quantized scored"),
+    Stage("manifest", "stages.manifest", ("",),
+          {s: ("*",) for s in ("base", "plan", "shards", "checkpoint", "quantized", "eval")},
+          RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything"),
+]}

@@ -1,0 +1,93 @@
+"""What every training method shares around its TRL trainer: the model built as the plan
+says, resuming after a kill from the last fully saved step, the step log, and saving the
+artifact (weights or a standard PEFT adapter, metrics.jsonl) with deterministic content only."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from stages.train.settings import apply_settings, training_context
+
+COMPLETE = "mindxtrain-complete"
+
+
+def trainable_model(base: Path, plan: dict):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, plan["dtype"]))
+    model.config.use_cache = False
+    apply_settings(model, plan)
+    return model
+
+
+def mark_complete_callback():
+    """Trainer writes checkpoint-N in place, so a kill mid-save leaves a partial directory.
+    Mark each one once it is fully saved; resume only from marked ones."""
+    from transformers import TrainerCallback
+
+    class MarkComplete(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            (Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE).touch()
+
+    return MarkComplete()
+
+
+def step_log_callback(log, max_steps: int):
+    """The Trainer's progress bar, with each step's loss written to the stage log
+    (beside the artifact) instead of printed as a raw dict."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class StepLog(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                log.info("step %d/%d loss %.4f grad_norm %.4f lr %.3g", state.global_step, max_steps,
+                         logs["loss"], logs.get("grad_norm", float("nan")), logs.get("learning_rate", 0.0))
+
+    return StepLog()
+
+
+def last_complete_checkpoint(work: Path) -> Path | None:
+    """The newest fully saved checkpoint; partial ones from a kill are removed."""
+    saved = sorted(work.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    for partial in [p for p in saved if not (p / COMPLETE).exists()]:
+        shutil.rmtree(partial)
+    return next((p for p in reversed(saved) if (p / COMPLETE).exists()), None)
+
+
+def train(trainer, plan: dict, max_steps: int, work: Path, log, run: dict) -> None:
+    """Run the trainer to max_steps inside the plan's training context, resuming from the last
+    complete checkpoint in `work` if a killed run left one; run-time figures go into `run`."""
+    from transformers.trainer_callback import ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(step_log_callback(log, max_steps))
+    trainer.add_callback(mark_complete_callback())
+    resume = last_complete_checkpoint(work)
+    if resume:
+        log.info("resuming from %s", resume.name)
+        run["resumed_from_step"] = int(resume.name.split("-")[-1])
+    with training_context(trainer, plan):
+        result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
+
+
+def save(trainer, tok, peft: str, out: Path) -> None:
+    """metrics.jsonl (loss per step) and the weights: model/ for full training, or the
+    standard PEFT adapter/ with nothing machine-specific in it."""
+    with open(out / "metrics.jsonl", "w") as f:
+        for entry in trainer.state.log_history:
+            if "loss" in entry:
+                f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate")
+                                    if k in entry}, sort_keys=True) + "\n")
+    if peft == "lora":
+        trainer.model.save_pretrained(out / "adapter")
+        (out / "adapter" / "README.md").unlink(missing_ok=True)  # a model card with local paths
+        cfg_path = out / "adapter" / "adapter_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["base_model_name_or_path"] = None  # the base is named by digest in the manifest
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    else:
+        trainer.model.save_pretrained(out / "model")
+        tok.save_pretrained(out / "model")
