@@ -46,7 +46,7 @@ def part_inputs(ctx, src, kind: str) -> dict:
     d = ctx.recipe.data
     return {"code": ctx.inputs["code"], "tokenizer": ctx.inputs["upstream"]["base"],
             "source": src.model_dump(mode="json"), "content": ctx.inputs["extra"].get(src.path),
-            "kind": kind, "on_error": d.on_error, "seed": d.seed,
+            "kind": kind, "on_error": d.on_error, "seed": d.seed, "max_row_bytes": d.max_row_bytes,
             "near": [d.dedupe.ngram, d.dedupe.num_perm] if d.dedupe.near_threshold else None}
 
 
@@ -62,6 +62,8 @@ def build(ctx, out: Path) -> None:
         ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
                      else "read, cleaned and tokenized")
         part_stats = json.loads((part / "stats.json").read_text())
+        if not part_stats["rows_in"]:
+            raise UserError(f"{label_of(src)}: no rows (the source is empty); fill it or remove it from data.sources")
         rows_in[label_of(src)] = part_stats["rows_in"]
         dropped.update(part_stats["dropped"])
         parts.append(part)
@@ -83,8 +85,8 @@ def build(ctx, out: Path) -> None:
     dropped.update(counted(codes, LENGTH_REASONS))
     docs = train[codes == 0]
     if not len(docs):
-        raise UserError(f"data: no training rows left after cleaning (dropped {dict(dropped)}); "
-                        f"check the sources and filters")
+        raise UserError(f"data: no training rows left after cleaning ({', '.join(f'{k}: {n} rows' for k, n in rows_in.items())}; "
+                        f"{len(held)} held out, dropped {dict(dropped)}); check the sources and filters")
     sequences, shards = write_shards(out / "train", prepared, docs, kind, L, tok.pad_token_id)
     stats = {
         "kind": kind,

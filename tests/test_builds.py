@@ -1,14 +1,30 @@
-"""Whole clean builds: fast enough, bit-identical when repeated, and the LoRA variant."""
+"""Whole clean builds: fast enough, bit-identical when repeated (in processes with other hash
+seeds: set and dict orders must not reach an artifact), and the LoRA variant."""
 from __future__ import annotations
 
 import json
+import shutil
+
+import pytest
 
 from conftest import ALL_STAGES, doit
 from test_pipeline import artifact
 
 
+@pytest.fixture(scope="module")
+def built_lora(built, tmp_path_factory):
+    """The built project with tiny_lora built too (hash seed 1)."""
+    project = tmp_path_factory.mktemp("lora") / "proj"
+    shutil.copytree(built, project, symlinks=True)
+    run = doit(project, "manifest:tiny_lora", env={"PYTHONHASHSEED": "1"})
+    assert run.rc == 0, run.out[-3000:]
+    assert run.stages_ran("tiny_lora") == ALL_STAGES - {"base", "shards"}  # shared with tiny
+    assert run.seconds < 180, run.seconds
+    return project
+
+
 def test_clean_build_is_fast_and_bit_identical(fresh, built):
-    run = doit(fresh, "manifest:tiny")
+    run = doit(fresh, "manifest:tiny", env={"PYTHONHASHSEED": "2"})
     assert run.rc == 0, run.out[-3000:]
     assert run.stages_ran() == ALL_STAGES
     assert run.seconds < 180, run.seconds
@@ -19,15 +35,12 @@ def test_clean_build_is_fast_and_bit_identical(fresh, built):
             assert str(fresh) not in path.read_text(), path
 
 
-def test_lora_recipe_builds_a_standard_peft_adapter(warm):
+def test_lora_recipe_builds_a_standard_peft_adapter(built_lora):
     import torch
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    run = doit(warm, "manifest:tiny_lora")
-    assert run.rc == 0, run.out[-3000:]
-    assert run.stages_ran("tiny_lora") == ALL_STAGES - {"base", "shards"}  # shared with tiny
-    assert run.seconds < 180, run.seconds
+    warm = built_lora
     adapter = artifact(warm, "checkpoint", "tiny_lora") / "adapter"
     assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     config = PeftConfig.from_pretrained(adapter)
@@ -42,6 +55,13 @@ def test_lora_recipe_builds_a_standard_peft_adapter(warm):
     quant = json.loads((artifact(warm, "quantized", "tiny_lora") / "model" / "config.json").read_text())
     assert "fp8" in json.dumps(quant["quantization_config"]).lower()
     assert doit(warm, "verify").rc == 0
+
+
+def test_lora_builds_are_bit_identical_under_another_hash_seed(fresh, built_lora):
+    run = doit(fresh, "manifest:tiny_lora", env={"PYTHONHASHSEED": "2"})
+    assert run.rc == 0, run.out[-3000:]
+    manifest = artifact(fresh, "manifest", "tiny_lora") / "manifest.json"
+    assert manifest.read_bytes() == (artifact(built_lora, "manifest", "tiny_lora") / "manifest.json").read_bytes()
 
 
 # tiny's data and base model as built before the stages moved into engine/, data/, train/ and

@@ -168,8 +168,7 @@ def test_a_stage_that_reads_an_undeclared_field_fails_naming_it(warm):
     plan = warm / "stages" / "plan.py"
     plan.write_text(plan.read_text().replace('    facts = device_facts(r.hardware)\n',
                                              '    facts = device_facts(r.hardware)\n    r.train.lr\n'))
-    (warm / "recipes" / "tiny.yaml").write_text((warm / "recipes" / "tiny.yaml").read_text() + "\n# new plan\n")
-    run = doit(warm, "plan:tiny", "--always")
+    run = doit(warm, "plan:tiny")  # (its code changed: a new key, so it builds)
     assert run.rc != 0
     assert "error: stage plan read recipe field train.lr, which its row of the stage table" in run.out, run.out
 
@@ -180,7 +179,7 @@ def test_a_stage_cannot_open_an_upstream_file_it_does_not_declare(warm):
         "    settings = ctx.recipe.eval\n", "    settings = ctx.recipe.eval\n    (ctx.upstream['shards'] / 'stats.json').read_text()\n"))
     run = doit(warm, "eval:tiny")
     assert run.rc != 0 and "FileNotFoundError" in run.out and "stats.json" in run.out, run.out[-2000:]
-    assert (warm / "artifacts" / "store" / "shards").glob("*/stats.json")  # the file is there, unseen
+    assert any((warm / "artifacts" / "store" / "shards").glob("*/stats.json"))  # the file is there, unseen
 
 
 def code_of(project: Path, stage: str) -> list[str]:

@@ -121,21 +121,26 @@ def test_verify_passes_then_names_the_flipped_file(warm):
     assert doit(warm, "verify").rc == 0
 
 
-def test_verify_full_rereads_what_the_stat_cache_would_trust(warm):
+def test_tamper_that_puts_the_mtime_back_is_caught_by_verify_and_the_build(warm):
     import os
 
     assert doit(warm, "verify:tiny").rc == 0  # the stat cache learns this copy's files
     target = artifact(warm, "checkpoint") / "model" / "model.safetensors"
+    good = target.read_bytes()
     st = target.stat()
-    raw = bytearray(target.read_bytes())
-    raw[-1] ^= 0xFF
     target.chmod(0o644)
-    with open(target, "r+b") as f:  # same inode, same size, mtime restored: invisible to stat
-        f.write(bytes(raw))
+    with open(target, "r+b") as f:  # same inode, same size, mtime restored (bit rot or cp -p look alike)
+        f.seek(len(good) - 1)
+        f.write(bytes([good[-1] ^ 0xFF]))
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert doit(warm, "verify:tiny").rc == 0  # the everyday check does not re-read it...
-    run = doit(warm, "verify:tiny", "--full")  # ...the full check does
+    run = doit(warm, "verify:tiny")
+    assert run.rc != 0 and "checkpoint: model/model.safetensors differs" in run.out, run.out
+    run = doit(warm, "verify:tiny", "--full")
     assert run.rc != 0 and "checkpoint: model/model.safetensors differs" in run.out
+    run = doit(warm, "manifest:tiny")  # the build does not reuse the tampered weights: it retrains
+    assert run.rc == 0 and run.stages_ran() == {"checkpoint"}, run.out[-2000:]  # same bytes: cut off there
+    assert artifact(warm, "checkpoint").joinpath("model", "model.safetensors").read_bytes() == good
+    assert doit(warm, "verify:tiny").rc == 0
 
 
 def one_error_line(run) -> str:

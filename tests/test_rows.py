@@ -25,7 +25,7 @@ def collect(data: DataSection, kind: str, root: Path):
     kept, dropped, rows_in = [], Counter(), Counter()
     for src in data.sources:
         count = SourceCount(src)
-        for job in source_jobs(src, root):
+        for job in source_jobs(src, root, data):
             records, _, _, outcome = job_records(job, src, data, kind)
             count.take(outcome)
             kept += records
@@ -137,3 +137,38 @@ def test_real_datasets_convert_without_loss():
     assert len(pairs) + sum(dropped.values()) == 2312 and len(pairs) > 2200
     first = pairs[0]
     assert first["prompt"][-1]["role"] == "user" and first["chosen"] != first["rejected"]
+
+
+def test_a_row_over_max_row_bytes_is_counted_oversized_and_never_read_whole(tmp_path):
+    from stages.data.rows import Oversized, jsonl_blocks
+
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000},
+                                   {"role": "assistant", "content": "y"}]})
+    small = json.dumps(CHAT)
+    body = "\n".join([small, big, small, big]) + "\n"
+    (tmp_path / "a.jsonl").write_text(body)
+    blocks = list(jsonl_blocks(tmp_path / "a.jsonl", 64, 4096))  # cuts fall inside the big lines
+    assert [b.length for b in blocks if isinstance(b, Oversized)] == [len(big) + 1, len(big) + 1]
+    data = DataSection(sources=[{"path": "a.jsonl"}], max_row_bytes=4096)  # on_error: fail
+    kept, dropped, rows_in = collect(data, "chat", tmp_path)
+    assert len(kept) == 2 and dropped == {"oversized": 2} and rows_in == {"a.jsonl": 4}
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.write(body)
+    data = DataSection(sources=[{"path": "a.jsonl.gz"}], max_row_bytes=4096)
+    assert collect(data, "chat", tmp_path)[1] == {"oversized": 2}
+    data = DataSection(sources=[{"path": "a.jsonl"}], max_row_bytes=100_000)
+    assert collect(data, "chat", tmp_path)[1] == {}
+
+
+def test_files_as_people_have_them_bom_crlf_and_mixed_escaping(tmp_path):
+    lines = ['{"messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00"}, {"role": "assistant", "content": "ok"}]}',
+            '{"messages": [{"role": "user", "content": "café 😀 raw"}, {"role": "assistant", "content": "ok"}]}']
+    body = ("\ufeff" + "\r\n".join(lines) + "\r\n").encode()
+    kept, dropped, _ = read(tmp_path, {"bom.jsonl": body})
+    assert [r["messages"][0]["content"] for r in kept] == ["café 😀", "café 😀 raw"] and not dropped
+    as_json = ("\ufeff" + json.dumps([json.loads(r) for r in lines])).encode()
+    kept, dropped, _ = read(tmp_path, {"bom.json": as_json})
+    assert len(kept) == 2 and not dropped
+    csv_body = "\ufeffinstruction,input,output\r\ncafé,,ok\r\n".encode()
+    kept, dropped, _ = read(tmp_path, {"bom.csv": csv_body})
+    assert kept[0]["messages"][0]["content"] == "café" and not dropped

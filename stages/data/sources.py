@@ -26,22 +26,24 @@ from stages.engine.errors import UserError
 BLOCK_BYTES = 1 << 22  # JSON Lines a worker reads and prepares at once (~1,500 chat rows)
 CHUNK_ROWS = 4096  # rows of other file types the main process reads and hands to a worker at once
 TOKENIZE_BATCH = 1024
+COUNTED_ALWAYS = ("blank_line", "oversized")  # drops, never errors, whatever on_error says
 
 
 def label_of(src) -> str:
     return src.path if src.path is not None else f"{src.hub}@{src.revision}"
 
 
-def source_jobs(src, root: Path):
+def source_jobs(src, root: Path, data):
     """One source's reading work for the workers, in file order: blocks of a JSON Lines file
-    (which the workers parse; see rows.jsonl_blocks) or lists of (where, raw row) read here,
+    (which the workers parse; see rows.jsonl_blocks; a line over data.max_row_bytes is an
+    Oversized job, never read) or lists of (where, raw row) read here,
     for the other file types and the hub."""
     if src.path is not None:
         fmt = rows.file_format(src.path) if src.file_format == "auto" else src.file_format
         if fmt == "jsonl":
             path = root / src.path
-            for block in rows.jsonl_blocks(path, BLOCK_BYTES):
-                yield block if isinstance(block, bytes) else (str(path), *block)
+            for block in rows.jsonl_blocks(path, BLOCK_BYTES, data.max_row_bytes):
+                yield block if isinstance(block, (bytes, rows.Oversized)) else (str(path), *block)
             return
         raw = rows.read_local(root / src.path, src.path, fmt)
     else:
@@ -49,19 +51,22 @@ def source_jobs(src, root: Path):
     yield from chunks_of(raw, CHUNK_ROWS)
 
 
-def job_rows(job):
+def job_rows(job, limit: int):
     """(where, raw row or BadRow, the line as stored or None) of each row of a job. For a block
     of JSON Lines `where` is the line's index in the block, and the line is kept as it is."""
     if isinstance(job, list):
         for where, row in job:
             yield where, row, None
         return
+    if isinstance(job, rows.Oversized):
+        yield 0, rows.oversized(job.length), None
+        return
     if isinstance(job, tuple):
         path, offset, length = job
         with open(path, "rb") as f:
             f.seek(offset)
             job = f.read(length)
-    for where, (line, row) in enumerate(rows.jsonl_rows(job)):
+    for where, (line, row) in enumerate(rows.jsonl_rows(job, limit)):
         yield where, row, line
 
 
@@ -72,14 +77,17 @@ def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], lis
     fail the first bad row as (position, where, message)."""
     records, stored, places, dropped = [], [], [], Counter()
     outcome = {"rows_in": 0, "dropped": dropped, "error": None}
-    for position, (where, row, line) in enumerate(job_rows(job)):
+    for position, (where, row, line) in enumerate(job_rows(job, data.max_row_bytes)):
         outcome["rows_in"] += 1
         try:
             if isinstance(row, rows.BadRow):
                 raise row
             record = rows.convert(row, src.format, kind)
+            text = sum(len(t) for _, t, _ in cleaning.lines_of(record)) if line is None else 0
+            if text > data.max_row_bytes:  # a row of a file read whole (JSON, Parquet, CSV, the hub)
+                raise rows.oversized(text)
         except rows.BadRow as e:
-            if data.on_error == "skip" or e.reason == "blank_line":
+            if data.on_error == "skip" or e.reason in COUNTED_ALWAYS:
                 dropped[e.reason] += 1
                 continue
             outcome["error"] = (position, where, str(e))
@@ -214,7 +222,7 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
                              initargs=(str(ctx.upstream["base"]),)) as pool:
         pending = deque()
         try:
-            for index, job in enumerate(source_jobs(src, ctx.root)):
+            for index, job in enumerate(source_jobs(src, ctx.root, ctx.recipe.data)):
                 pending.append(pool.submit(prepare_job, index, job, src, kind, ctx.recipe.data, out))
                 while len(pending) > 2 * workers or (pending and pending[0].done()):
                     take(pending.popleft())

@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from doit.exceptions import TaskFailed
+from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from stages.engine import keys
 from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
 from stages.engine.errors import UserError
-from stages.engine.recipe import Recipe, load
+from stages.engine.recipe import Recipe, check_name, load
 from stages.engine.store import Store, hash_file, merkle, select
 
 ROOT = Path.cwd()
@@ -49,7 +49,12 @@ class Stage:
 
 
 def recipe_names() -> list[str]:
-    return sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+    """The recipes of recipes/*.yaml; a file whose name cannot be a recipe name stops doit with
+    one line before any task runs."""
+    try:
+        return sorted(check_name(p.relative_to(ROOT)) for p in (ROOT / "recipes").glob("*.yaml"))
+    except UserError as e:
+        raise InvalidDodoFile(str(e)) from None
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,6 +198,18 @@ def _logger(path: Path, name: str) -> logging.Logger:
     return log
 
 
+STORAGE_ADVICE = {"No space left on device": "free space on that disk (or move artifacts/ to a larger one)",
+                  "Disk quota exceeded": "free space within your quota (or move artifacts/ elsewhere)",
+                  "Read-only file system": "build where artifacts/ is writable"}
+
+
+def storage_problem(e: Exception) -> str | None:
+    """The storage failure behind an exception (an OSError, or a library's error wrapping one,
+    such as safetensors' 'No space left on device (os error 28)'), or None for any other."""
+    text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return next((problem for problem in STORAGE_ADVICE if problem in text), None)
+
+
 def build(recipe_name: str, stage: Stage):
     """doit action: build one stage into a temp dir, then commit it to the store atomically."""
     st = store()
@@ -219,6 +236,13 @@ def build(recipe_name: str, stage: Stage):
         shutil.rmtree(ctx.work, ignore_errors=True)
     except (UserError, UndeclaredInput) as e:
         return TaskFailed(str(e))
+    except Exception as e:
+        problem = storage_problem(e)
+        if problem is None:
+            raise
+        where = getattr(e, "filename", None) or st.root
+        return TaskFailed(f"{stage.name}:{recipe_name}: cannot write {where}: {problem}; nothing was stored "
+                          f"and nothing is lost: {STORAGE_ADVICE[problem]}, then run again")
     finally:
         for leftover in (tmp, view):
             if leftover is not None and leftover.exists():

@@ -6,17 +6,32 @@ the key path, and (where the YAML says) the line.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal, Optional
+import re
+from pathlib import Path, PurePath, PureWindowsPath
+from typing import Annotated, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stages.engine.errors import UserError
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def inside_project(path: str | None) -> str | None:
+    """A data file or model directory is named relative to the project and inside it, so the
+    recipe, and the receipt that records it, read the same on every machine (the content's
+    digest is what the keys use; a symlink inside the project may point anywhere)."""
+    if path is not None and (PurePath(path).is_absolute() or PureWindowsPath(path).is_absolute()
+                             or ".." in PurePath(path).parts):
+        raise ValueError(f"{path} is outside the project; put the file (or a symlink to it) under "
+                         f"the project, e.g. data/, and name it relative to the project")
+    return path
+
+
+ProjectPath = Annotated[Optional[str], AfterValidator(inside_project)]
 
 
 class TinyConfig(Section):
@@ -36,7 +51,7 @@ class ModelSection(Section):
     """Exactly one of: hub (pinned to a revision), path (a local HF dir), config (built here)."""
     hub: Optional[str] = None
     revision: Optional[str] = None
-    path: Optional[str] = None
+    path: ProjectPath = None
     config: Optional[TinyConfig] = None
 
     @model_validator(mode="after")
@@ -51,7 +66,7 @@ class ModelSection(Section):
 
 class Source(Section):
     """A local file (path) or a hub dataset pinned to a revision (hub + revision)."""
-    path: Optional[str] = None
+    path: ProjectPath = None
     hub: Optional[str] = None
     revision: Optional[str] = None
     subset: Optional[str] = None
@@ -85,6 +100,9 @@ class DataSection(Section):
     sources: list[Source] = Field(min_length=1)
     heldout_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     max_length: int = Field(256, gt=8)
+    # a row longer than this (a JSON line's bytes, or a record's text) is dropped unread, counted
+    # as oversized: whatever max_length is, it would cost memory and time in proportion to its size
+    max_row_bytes: int = Field(8 << 20, gt=0)
     truncation: Literal["drop", "truncate"] = "drop"
     on_error: Literal["fail", "skip"] = "fail"
     dedupe: DedupeSection = DedupeSection()
@@ -163,14 +181,34 @@ class Recipe(Section):
     serve: ServeSection = ServeSection()
 
 
+RECIPE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_name(path: Path) -> str:
+    """A recipe's name (its file's stem), which names its tasks and its pointer directory:
+    letters, digits, _ and - only, so it can be neither a path (.., a/b) nor a doit separator (:)."""
+    if not RECIPE_NAME.fullmatch(path.stem):
+        raise UserError(f"{path}: a recipe name is letters, digits, _ and - only; rename the file "
+                        f"(e.g. {re.sub(r'[^A-Za-z0-9_-]+', '_', path.stem).strip('_') or 'recipe'}.yaml)")
+    return path.stem
+
+
+class DuplicateKey(Exception):
+    pass
+
+
 def _key_lines(text: str) -> dict[tuple, int]:
-    """Map each key path in the YAML to its 1-based line, so errors can point at it."""
+    """Map each key path in the YAML to its 1-based line, so errors can point at it; a key
+    given twice in one mapping raises DuplicateKey (YAML loaders keep the last one silently)."""
     lines: dict[tuple, int] = {}
 
     def walk(node, path):
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 p = path + (k.value,)
+                if p in lines:
+                    raise DuplicateKey(f":{k.start_mark.line + 1}: {'.'.join(map(str, p))} is given twice "
+                                       f"(lines {lines[p]} and {k.start_mark.line + 1}); keep one")
                 lines[p] = k.start_mark.line + 1
                 walk(v, p)
         elif isinstance(node, yaml.SequenceNode):
@@ -199,11 +237,14 @@ def load(path: str | Path) -> Recipe:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a recipe is a YAML mapping with model: and data: sections")
     try:
+        lines = _key_lines(text)
+    except DuplicateKey as e:
+        raise UserError(f"{path}{e}") from None
+    try:
         return Recipe.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(x for x in err["loc"] if not str(x).startswith("function-"))
-        lines = _key_lines(text)
         line = next((lines[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in lines), None)
         where = f":{line}" if line else ""
         key = ".".join(str(x) for x in loc) or "(top)"

@@ -3,7 +3,7 @@
 Beside each object sit <key>.json (its file hashes, digest, the key's inputs and
 run-time measurements, none of which are in the hashed tree) and <key>.log.
 Per-recipe pointers artifacts/<recipe>/<stage>.json say what a recipe resolves to.
-A stat cache (size, mtime_ns, inode) -> BLAKE3 keeps up-to-date checks from
+A stat cache (size, mtime_ns, ctime_ns, inode) -> BLAKE3 keeps up-to-date checks from
 re-reading large unchanged files, like git's index.
 """
 from __future__ import annotations
@@ -66,28 +66,34 @@ def read_json(path: Path):
         return None
 
 
+def stat_key(path: Path) -> tuple[int, int, int, int]:
+    """What the quick check trusts: size, mtime, ctime and inode. A write that puts the mtime
+    back (os.utime, cp -p) still moves the ctime, which no user call can set; only a change
+    below the filesystem (bit rot, a raw disk write) or a clock set back slips past it."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
 class StatCache:
-    """(path, size, mtime_ns, inode) -> BLAKE3, in sqlite so a kill cannot corrupt it."""
+    """(path, size, mtime_ns, ctime_ns, inode) -> BLAKE3, in sqlite so a kill cannot corrupt it."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, timeout=30)
-        self.db.execute("CREATE TABLE IF NOT EXISTS stat (path TEXT PRIMARY KEY, size INT, "
-                        "mtime_ns INT, ino INT, digest TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, "
+                        "mtime_ns INT, ctime_ns INT, ino INT, digest TEXT)")
 
     def digest(self, path: Path) -> str:
-        st = path.stat()
-        row = self.db.execute("SELECT size, mtime_ns, ino, digest FROM stat WHERE path=?",
+        row = self.db.execute("SELECT size, mtime_ns, ctime_ns, ino, digest FROM files WHERE path=?",
                               (str(path),)).fetchone()
-        if row and tuple(row[:3]) == (st.st_size, st.st_mtime_ns, st.st_ino):
-            return row[3]
+        if row and tuple(row[:4]) == stat_key(path):
+            return row[4]
         return self.remember(path, hash_file(path))
 
     def remember(self, path: Path, digest: str) -> str:
-        st = path.stat()
         with self.db:
-            self.db.execute("INSERT OR REPLACE INTO stat VALUES (?,?,?,?,?)",
-                            (str(path), st.st_size, st.st_mtime_ns, st.st_ino, digest))
+            self.db.execute("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?)",
+                            (str(path), *stat_key(path), digest))
         return digest
 
 

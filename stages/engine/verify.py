@@ -1,9 +1,9 @@
 """verify: re-hash every file of every artifact a manifest names and compare.
 
 `doit verify` checks every recipe that has been built, `doit verify:tiny` one
-(and fails if it has no manifest). By default the stat
-cache answers for files whose (size, mtime, inode) are unchanged; `--full`
-(or MINDXTRAIN_VERIFY_FULL=1) re-reads every byte.
+(and fails if it has no manifest). By default the stat cache answers for files whose
+(size, mtime, ctime, inode) are unchanged; `--full` (or MINDXTRAIN_VERIFY_FULL=1) re-reads
+every byte.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from stages.train.settings import apply_settings, training_context
 
 COMPLETE = "mindxtrain-complete"
+SET_VALUED = ("target_modules", "exclude_modules")  # adapter_config.json fields PEFT keeps as sets
 
 
 def trainable_model(base: Path, plan: dict):
@@ -87,6 +88,9 @@ def save(trainer, tok, peft: str, out: Path) -> None:
         cfg_path = out / "adapter" / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg["base_model_name_or_path"] = None  # the base is named by digest in the manifest
+        for name in SET_VALUED:  # PEFT holds these as sets and writes them in PYTHONHASHSEED order
+            if isinstance(cfg.get(name), list):
+                cfg[name] = sorted(cfg[name])
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     else:
         trainer.model.save_pretrained(out / "model")
