@@ -111,8 +111,6 @@ def _skeleton(tok, chat_template: str, shape: tuple) -> Skeleton | None:
     """The skeleton of conversations of this shape; None for a shape the template refuses, and
     where the template's output holds placeholder characters of its own (the pieces could not
     be told apart: the shape is rendered with two alphabets, which must give the same pieces)."""
-    from transformers.utils.chat_template_utils import _alias_reasoning_fields, _plain_template_data
-
     if not isinstance(chat_template, str) or len(shape) > skeleton.MAX_MESSAGES:
         return None
     fields = [("content", "reasoning") if has_reasoning else ("content",) for _, has_reasoning in shape]
@@ -124,9 +122,11 @@ def _skeleton(tok, chat_template: str, shape: tuple) -> Skeleton | None:
         return None
     guards = []
     slots = [{"role": role, **{f: skeleton.Slot(((i, f),), guards) for f in fields[i]}} for i, (role, _) in enumerate(shape)]
-    # the same call transformers' apply_chat_template makes, with slots where it would take plain copies
-    kwargs = _plain_template_data(dict(tok.special_tokens_map))
-    with_slots = skeleton.render_with_slots(dated(chat_template), _alias_reasoning_fields(for_template(slots)), kwargs)
+    # the call transformers' apply_chat_template makes, with slots for the fields: the messages as
+    # render() gives them and the special tokens as plain strings (public API only; if transformers
+    # passes the template anything else, the rendering differs from `text` and no row uses the skeleton)
+    kwargs = {k: [str(x) for x in v] if isinstance(v, list) else str(v) for k, v in tok.special_tokens_map.items()}
+    with_slots = skeleton.render_with_slots(dated(chat_template), for_template(slots), kwargs)
     return Skeleton(pieces, tuple(guards) if with_slots == text else None)
 
 
