@@ -128,14 +128,15 @@ class Context:
         its own key: built by make(dir) once, committed atomically, reused by any later build
         whose inputs for it match, whatever else changed. Returns (its path, whether reused)."""
         stage, key, st = f"{self.inputs['stage']}-{part}", keys.key_of(inputs), store()
-        reused = not st.damage(stage, key)
-        if not reused:
-            tmp = st.temp_dir(stage, key)
-            try:
-                make(tmp)
-                st.commit(stage, key, tmp, {"inputs": inputs})
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+        with st.building(stage, key, lambda: self.log.info("%s %s: another build is making it; waiting", stage, key[:12])):
+            reused = not st.damage(stage, key)
+            if not reused:
+                tmp = st.temp_dir(stage, key)
+                try:
+                    make(tmp)
+                    st.commit(stage, key, tmp, {"inputs": inputs})
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
         self.run.setdefault(part, {})[key] = "reused" if reused else "built"
         return st.path(stage, key), reused
 
@@ -211,14 +212,38 @@ def storage_problem(e: Exception) -> str | None:
 
 
 def build(recipe_name: str, stage: Stage):
-    """doit action: build one stage into a temp dir, then commit it to the store atomically."""
+    """doit action: build one stage into a temp dir, then commit it to the store atomically.
+    One build of a key at a time: a second doit building the same key waits, saying so, and
+    then takes what the first one stored."""
     st = store()
-    tmp = log_tmp = view = None
     try:
         inputs = key_inputs(recipe_name, stage)
         key = keys.key_of(inputs)
-        tmp = st.temp_dir(stage.name, key)
-        log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
+        waiting = lambda: print(f"{stage.name}:{recipe_name}: another build is making {key[:12]}; waiting for it",  # noqa: E731
+                                flush=True)
+        with st.building(stage.name, key, waiting):
+            if not st.damage(stage.name, key):  # the other build finished it
+                st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
+                print(f"{stage.name}:{recipe_name}: built by the other build", flush=True)
+                return None
+            build_key(recipe_name, stage, inputs, key)
+    except (UserError, UndeclaredInput) as e:
+        return TaskFailed(str(e))
+    except Exception as e:
+        problem = storage_problem(e)
+        if problem is None:
+            raise
+        where = getattr(e, "filename", None) or st.root
+        return TaskFailed(f"{stage.name}:{recipe_name}: cannot write {where}: {problem}; nothing was stored "
+                          f"and nothing is lost: {STORAGE_ADVICE[problem]}, then run again")
+
+
+def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str) -> None:
+    """Build the stage's artifact for this key (its lock held) and commit it."""
+    st = store()
+    tmp = st.temp_dir(stage.name, key)
+    log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
+    try:
         log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
         log.info("building %s:%s key=%s", stage.name, recipe_name, key)
         artifacts = upstream_artifacts(recipe_name, stage)
@@ -234,20 +259,11 @@ def build(recipe_name: str, stage: Stage):
         log.info("built %s:%s digest=%s in %.1fs", stage.name, recipe_name, meta["digest"][:16],
                  ctx.run["seconds"])
         shutil.rmtree(ctx.work, ignore_errors=True)
-    except (UserError, UndeclaredInput) as e:
-        return TaskFailed(str(e))
-    except Exception as e:
-        problem = storage_problem(e)
-        if problem is None:
-            raise
-        where = getattr(e, "filename", None) or st.root
-        return TaskFailed(f"{stage.name}:{recipe_name}: cannot write {where}: {problem}; nothing was stored "
-                          f"and nothing is lost: {STORAGE_ADVICE[problem]}, then run again")
     finally:
         for leftover in (tmp, view):
-            if leftover is not None and leftover.exists():
+            if leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
-        if log_tmp is not None and log_tmp.exists():
+        if log_tmp.exists():
             log_tmp.unlink()
 
 

@@ -8,6 +8,7 @@ re-reading large unchanged files, like git's index.
 """
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import json
 import mmap
@@ -15,6 +16,7 @@ import os
 import shutil
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import blake3
@@ -156,8 +158,24 @@ class Store:
             self.stat.remember(final / rel, digest)
         return sidecar
 
+    @contextmanager
+    def building(self, stage: str, key: str, waiting):
+        """Held while one process builds (stage, key): another process that would build the
+        same key calls waiting() and blocks until this one is done, then finds the object
+        built. (An flock: released by the kernel when a build is killed.)"""
+        path = self.root / "locks" / stage / f"{key}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                waiting()
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def temp_dir(self, stage: str, key: str) -> Path:
-        """A fresh private dir for building; leftovers of a killed build are removed."""
+        """A fresh private dir for building (called under building(), so leftovers for this key
+        are of a killed build, never a live one, and are removed)."""
         parent = self.objects / stage
         parent.mkdir(parents=True, exist_ok=True)
         for old in parent.glob(f".tmp-{key}-*"):
