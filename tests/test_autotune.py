@@ -76,7 +76,7 @@ def test_search_on_a_faked_mi300x_picks_ck_and_the_largest_batch_that_fits():
     assert d["micro_batch_size"] in (1, 2, 4, 8) and 8 % d["micro_batch_size"] == 0
     assert d["compile"] is True  # 10% faster: kept
     compiled = [m for m in found["measurements"] if m["compile"] and "error" not in m]
-    assert len(compiled) == 3  # each attention implementation that ran is tried compiled
+    assert len({(m["sdpa_backend"], m["rocm_fa_library"]) for m in compiled}) == 3  # each one that ran, compiled
     assert any(m.get("error", "").startswith("RuntimeError") for m in found["measurements"])  # flex, recorded
 
 
@@ -162,3 +162,28 @@ def test_compiled_regions_train_as_eager_does_loss_included():
     torch.testing.assert_close(compiled_loss, eager_loss)
     for name, grad in eager_grads.items():
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_search_tries_every_checkpointing_mode_again_once_compiled():
+    """The H100 case of 2026-11-25: uncompiled, 'off' fits micro-batch 2 only and 'selective' at 4
+    wins a near tie by noise; compile was then tried on that winner alone, and 'off' compiled at 4,
+    the fastest setting of all, was never measured."""
+    speeds = {("off", 1): 5.0, ("off", 2): 10.0, ("off", 4): 13.0, ("selective", 1): 4.0, ("selective", 2): 8.0,
+              ("selective", 4): 10.1, ("full", 1): 3.0, ("full", 2): 5.0, ("full", 4): 6.0, ("full", 8): 6.5}
+    memory = {"off": 30 * GiB, "selective": 17 * GiB, "full": 9 * GiB}  # per sequence, uncompiled
+
+    def measure(s):
+        if s["attn_implementation"] != "flex_attention":
+            return {"error": "RuntimeError: No available kernel"}
+        key = (s["gradient_checkpointing"], s["micro_batch_size"])
+        peak = memory[key[0]] * key[1] * (0.55 if s["compile"] else 1)
+        if peak > 80 * GiB or key not in speeds:
+            return {"error": "OutOfMemoryError: CUDA out of memory"}
+        return {"tokens_per_s": speeds[key] * (1.2 if s["compile"] else 1.0), "peak_bytes": peak}
+
+    found = autotune.search(measure, autotune.attention_candidates(CUDA), global_batch=8,
+                            deadline=time.monotonic() + 60, total_memory=80 * GiB)
+    d = found["decisions"]
+    assert (d["compile"], d["gradient_checkpointing"], d["micro_batch_size"]) == (True, "off", 4)
+    compiled = {(m["gradient_checkpointing"], m["micro_batch_size"]) for m in found["measurements"] if m["compile"]}
+    assert ("full", 8) not in compiled  # 6.5 x 1.2 could not come near the best: not worth a compile

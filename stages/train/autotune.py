@@ -7,9 +7,9 @@ implementation; activation checkpointing (off / selective: every other layer / f
 with, for each mode, micro-batches (divisors of the global batch) grown while they fit
 under the memory margin; then regional torch.compile (each decoder layer, and the loss) of
 every attention implementation that ran, fastest first (compiled, their order can
-change: flex attention gains most), and, compiled, micro-batches grown again (fused
-kernels hold fewer activations); then a fused linear cross-entropy where its library
-is present. Whatever is not reached inside the budget keeps the best found so far. The
+change: flex attention gains most), and, compiled, the (checkpointing, micro-batch) frontier
+searched again (compiled layers hold fewer activations, so a mode's micro-batch that did not
+fit may fit now); then a fused linear cross-entropy where its library is present. Whatever is not reached inside the budget keeps the best found so far. The
 weights are random: speed does not depend on them, and the plan must not depend on the
 data (editing a row does not re-plan). Steps run under bf16 autocast, as the Trainer's do.
 """
@@ -71,29 +71,39 @@ def search(measure, attention: list[dict], global_batch: int, deadline: float, t
         return {"decisions": None, "measurements": tried}
     limit = total_memory * (1 - MEMORY_MARGIN)
 
-    def grow(base: dict, sizes: list[int]) -> None:
-        """Micro-batches of `base`, smallest first, while they fit; the fastest becomes best."""
+    def grow(base: dict, sizes: list[int]) -> tuple[int, float]:
+        """Micro-batches of `base`, smallest first, while they fit; the fastest becomes best.
+        Returns the largest micro-batch that fit (0: none) and the best speed among them."""
         nonlocal best, best_speed
+        fit, fastest = 0, 0.0
         for mb in sizes:
             setting = {**base, "micro_batch_size": mb}
-            if setting == best:
-                continue
-            result = run(setting)
+            result = {"tokens_per_s": best_speed, "peak_bytes": 0} if setting == best else run(setting)
             if result is None or result["peak_bytes"] > limit:
                 break  # larger micro-batches do not fit either (or time is up)
+            fit, fastest = mb, max(fastest, result["tokens_per_s"])
             if result["tokens_per_s"] > best_speed:
                 best, best_speed = setting, result["tokens_per_s"]
+        return fit, fastest
 
-    for mode in ("off", "selective", "full"):
-        grow({**best, "gradient_checkpointing": mode}, micro_batches(global_batch))
+    frontier = {mode: grow({**best, "gradient_checkpointing": mode}, micro_batches(global_batch))
+                for mode in ("off", "selective", "full")}
     uncompiled = best_speed
     for _, candidate in sorted(ran, key=lambda r: -r[0]):  # compiled kernels can reorder the attention
         setting = {**best, **candidate, "compile": True}   # choices: compile each one that ran
         result = run(setting)
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > max(best_speed, uncompiled * 1.03):
             best, best_speed = setting, result["tokens_per_s"]
-    if best["compile"]:  # compiled layers hold fewer activations: a micro-batch too large before may fit now
-        grow(best, [m for m in micro_batches(global_batch) if m > best["micro_batch_size"]])
+    if best["compile"]:
+        # Compiled layers hold fewer activations, so the (checkpointing, micro-batch) frontier moves:
+        # search it again compiled, least recomputation first, each mode from the largest micro-batch
+        # that fit it uncompiled upward (a near tie uncompiled, decided by noise, must not decide
+        # which modes are ever compiled). A mode whose best uncompiled speed, times the gain compiling
+        # gave, could not come within 5% of the best is skipped: each compiled micro-batch costs a compile.
+        gain = best_speed / uncompiled
+        for mode, (fit, fastest) in frontier.items():
+            if fastest * gain >= 0.95 * best_speed:
+                grow({**best, "gradient_checkpointing": mode}, [m for m in micro_batches(global_batch) if m >= max(fit, 1)])
     if fused_cross_entropy_available():
         result = run({**best, "fused_cross_entropy": True})
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > best_speed * 1.03:
