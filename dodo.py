@@ -1,9 +1,9 @@
 """mindxtrain: `doit manifest:<recipe>` builds recipes/<recipe>.yaml; `doit verify` checks receipts.
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
-per recipe (stages/engine/graph.py); verify is the engine's own task.
+per recipe (stages/engine/graph.py); verify and show are the engine's own tasks.
 """
-from stages.engine import graph, verify
+from stages.engine import graph, show, verify
 from stages.table import STAGES
 
 DOIT_CONFIG = graph.DOIT_CONFIG
@@ -12,3 +12,7 @@ globals().update(graph.task_creators(STAGES))
 
 def task_verify():
     return verify.tasks()
+
+
+def task_show():
+    return show.tasks(STAGES)

@@ -44,3 +44,12 @@ def build(ctx, out: Path) -> None:
     run = method.make_trainer(model, method.dataset(ctx.upstream["shards"]), tok, plan, t, ctx.work)
     trainer.train(run, plan, t.max_steps, ctx.work, ctx.log, ctx.run)
     trainer.save(run, tok, t.peft, out)
+
+
+def summary(path: Path) -> list[str]:
+    """The loss curve's ends (metrics.jsonl), for `doit show`."""
+    steps = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    if not steps:
+        return ["metrics.jsonl: no steps logged"]
+    return [f"metrics.jsonl: loss {steps[0]['loss']:.4f} at step {steps[0]['step']} -> "
+            f"{steps[-1]['loss']:.4f} at step {steps[-1]['step']}"]

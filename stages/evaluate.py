@@ -110,3 +110,11 @@ def build(ctx, out: Path) -> None:
         ctx.log.info("%s: %s", name, report[name])
     report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"]}
     (out / "eval.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+def summary(path: Path) -> list[str]:
+    """eval.json's scores, for `doit show`."""
+    report = json.loads((path / "eval.json").read_text())
+    models = [m for m in ("base", "trained", "quantized") if m in report]
+    return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(
+        f"{m} exact match {report[m]['exact_match']:.3f}, perplexity {report[m]['perplexity']:.2f}" for m in models)]

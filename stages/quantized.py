@@ -2,8 +2,11 @@
 
 Weights and activations are quantized per tensor, activations statically from
 calibration sequences taken from the training shards. The export reloads with
-plain transformers (its Quark integration). score.json records how far the
-quantized model is from the one it came from, on sequences not used to calibrate.
+plain transformers (its Quark integration). score.json is a quick check of the export, not
+an evaluation: the training loss (assistant tokens, as training computes it) of the trained
+model before and after quantization on the packed training sequences that follow the
+calibration ones, and how far the logits moved. The quantized model's held-out scores beside
+the base and trained models' are in eval.json.
 """
 from __future__ import annotations
 
@@ -16,15 +19,19 @@ from stages.model.trained import load_trained
 from stages.engine.errors import UserError
 
 
+FIRST_SHARD = "shard-00000.safetensors"
+CHECKED = 8  # sequences the export is checked on
+
+
 def sequences(shards: Path, first: int, count: int):
     import torch
 
-    rows = packed.read(shards / "train" / "shard-00000.safetensors", first, count)
+    rows = packed.read(shards / "train" / FIRST_SHARD, first, count)
     if not len(rows["input_ids"]):
         raise UserError(f"quantize.calibration_sequences: {first} leaves none of the first shard's "
                         f"sequences to score the quantized model on; lower it")
-    ids, pos = torch.from_numpy(rows["input_ids"]).long(), torch.from_numpy(rows["position_ids"]).long()
-    return [(ids[i: i + 1], pos[i: i + 1]) for i in range(len(ids))]
+    ids, pos, labels = (torch.from_numpy(rows[k]).long() for k in ("input_ids", "position_ids", "labels"))
+    return [(ids[i: i + 1], pos[i: i + 1], labels[i: i + 1]) for i in range(len(ids))]
 
 
 def build(ctx, out: Path) -> None:
@@ -39,15 +46,15 @@ def build(ctx, out: Path) -> None:
     torch.manual_seed(0)
     n = ctx.recipe.quantize.calibration_sequences
     calib = sequences(ctx.upstream["shards"], 0, n)
-    held = sequences(ctx.upstream["shards"], n, 8)
+    checked = sequences(ctx.upstream["shards"], n, CHECKED)
     model = load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]).eval()
     model.config.use_cache = False
 
     @torch.no_grad()
     def measure(m):
         losses, logits = [], []
-        for ids, pos in held:
-            o = m(input_ids=ids, position_ids=pos, labels=ids, use_cache=False)
+        for ids, pos, labels in checked:
+            o = m(input_ids=ids, position_ids=pos, labels=labels, use_cache=False)
             losses.append(o.loss.item())
             logits.append(o.logits)
         return sum(losses) / len(losses), torch.cat(logits)
@@ -55,7 +62,7 @@ def build(ctx, out: Path) -> None:
     loss_ref, logits_ref = measure(model)
     ctx.log.info("quantizing to %s with %d calibration sequences", ctx.recipe.quantize.scheme, len(calib))
     config = LLMTemplate.get(model.config.model_type).get_config(scheme=ctx.recipe.quantize.scheme)
-    model = ModelQuantizer(config).quantize_model(model, [ids for ids, _ in calib])
+    model = ModelQuantizer(config).quantize_model(model, [ids for ids, _, _ in calib])
     model = ModelQuantizer.freeze(model)
     export_safetensors(model, out / "model", custom_mode="quark", weight_format="real_quantized")
     AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / "model")
@@ -64,9 +71,11 @@ def build(ctx, out: Path) -> None:
     loss_q, logits_q = measure(reloaded)
     score = {
         "scheme": ctx.recipe.quantize.scheme,
-        "heldout_sequences": len(held),
-        "loss_unquantized": round(loss_ref, 6),
-        "loss_quantized": round(loss_q, 6),
+        "checked_on": {"shard": f"train/{FIRST_SHARD}", "first_sequence": n, "sequences": len(checked),
+                       "what": "packed training sequences after the calibration ones; loss on assistant "
+                               "tokens, as training computes it (held-out scores: eval.json)"},
+        "train_loss_unquantized": round(loss_ref, 6),
+        "train_loss_quantized": round(loss_q, 6),
         "logits_relative_error": round(((logits_q - logits_ref).norm() / logits_ref.norm()).item(), 6),
     }
     (out / "score.json").write_text(json.dumps(score, indent=1, sort_keys=True) + "\n")

@@ -109,3 +109,11 @@ def build(ctx, out: Path) -> None:
     if "packing_efficiency" in stats:
         ctx.log.info("packed %d documents (%d tokens) into %d sequences of %d: efficiency %.3f",
                      len(docs), stats["tokens"], sequences, L, stats["packing_efficiency"])
+
+
+def summary(path: Path) -> list[str]:
+    """stats.json's counts, for `doit show`."""
+    stats = json.loads((path / "stats.json").read_text())
+    dropped = ", ".join(f"{reason} {n}" for reason, n in stats["dropped"].items()) or "none"
+    return [f"stats.json: {stats['rows_in_total']} rows in, {stats['kept']['train']} train, "
+            f"{stats['kept']['heldout']} held out; dropped: {dropped}"]

@@ -175,3 +175,26 @@ def test_bad_input_changes_nothing_and_says_one_line(warm):
     assert "data/tiny/chat.jsonl:17: malformed JSON" in line
 
     assert snapshot(warm) == before
+
+
+def test_results_are_where_people_look(warm):
+    latest = warm / "artifacts" / "tiny" / "latest"
+    for stage, name in [("eval", "eval.json"), ("shards", "stats.json"), ("checkpoint", "metrics.jsonl"),
+                        ("manifest", "manifest.json"), ("quantized", "score.json")]:
+        assert (latest / stage / name).read_bytes() == (artifact(warm, stage) / name).read_bytes()
+    run = doit(warm, "show:tiny")
+    assert run.rc == 0, run.out
+    evaluation = json.loads((latest / "eval" / "eval.json").read_text())
+    for model in ("base", "trained", "quantized"):
+        assert f"{model} exact match {evaluation[model]['exact_match']:.3f}, " \
+               f"perplexity {evaluation[model]['perplexity']:.2f}" in run.out
+    for stage in ALL_STAGES:
+        ptr = pointer(warm, stage)
+        assert f"key {ptr['key'][:12]}  digest {ptr['digest'][:12]}  artifacts/tiny/latest/{stage}/" in run.out
+    stats = json.loads((latest / "shards" / "stats.json").read_text())
+    assert f"dropped: exact_duplicate {stats['dropped']['exact_duplicate']}" in run.out
+    score = json.loads((latest / "quantized" / "score.json").read_text())
+    assert score["checked_on"]["sequences"] == 8 and "heldout_sequences" not in score
+    assert abs(score["train_loss_quantized"] - score["train_loss_unquantized"]) < 0.05  # FP8 barely moves it
+    last = json.loads((latest / "checkpoint" / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
+    assert score["train_loss_unquantized"] < 2 * last  # the training loss it names, not a loss on every token

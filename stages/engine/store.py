@@ -193,5 +193,14 @@ class Store:
         return read_json(self.root / recipe / f"{stage}.json")
 
     def set_pointer(self, recipe: str, stage: str, key: str, digest: str) -> None:
+        """Point the recipe at an object, and its readable view at it: artifacts/<recipe>/latest/<stage>
+        links to the object, so the current build's files are found by name (latest/eval/eval.json)."""
         if self.pointer(recipe, stage) != {"key": key, "digest": digest}:
             write_json(self.root / recipe / f"{stage}.json", {"key": key, "digest": digest})
+        link, target = self.root / recipe / "latest" / stage, Path("..", "..", "store", stage, key)
+        if not link.is_symlink() or Path(os.readlink(link)) != target:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            tmp = link.with_name(f".{stage}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(target, target_is_directory=True)
+            os.replace(tmp, link)
