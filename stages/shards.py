@@ -20,7 +20,7 @@ import numpy as np
 
 from stages.data import cleaning, rows
 from stages.data.prepared import Prepared
-from stages.data.selection import LENGTH_REASONS, counted, length_rules
+from stages.data.selection import LENGTH_REASONS, counted, length_rules, write_drop_list
 from stages.data.shard_writer import write_shards
 from stages.data.sources import label_of, prepare_source
 from stages.engine.errors import UserError
@@ -40,6 +40,12 @@ def extra_inputs(recipe, root: Path, store) -> dict:
     return digests
 
 
+def unit_of(src) -> str:
+    """How a source's rows are counted: lines of a JSON Lines file, rows of anything else."""
+    jsonl = src.path is not None and (src.file_format == "jsonl" or (src.file_format == "auto" and rows.file_format(src.path) == "jsonl"))
+    return "line" if jsonl else "row"
+
+
 def part_inputs(ctx, src, kind: str) -> dict:
     """What one source's prepared rows depend on: its content and the per-row settings only,
     so editing one file (or a global setting such as max_length) leaves other files' work reusable."""
@@ -55,7 +61,7 @@ def build(ctx, out: Path) -> None:
 
     data, kind = ctx.recipe.data, rows.KIND_OF_METHOD[ctx.recipe.train.method]
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    dropped, rows_in, parts = Counter(), {}, []
+    dropped, rows_in, parts, first_pass = Counter(), {}, [], []
     for src in data.sources:
         part, reused = ctx.cached("source", part_inputs(ctx, src, kind),
                                   lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
@@ -66,11 +72,13 @@ def build(ctx, out: Path) -> None:
             raise UserError(f"{label_of(src)}: no rows (the source is empty); fill it or remove it from data.sources")
         rows_in[label_of(src)] = part_stats["rows_in"]
         dropped.update(part_stats["dropped"])
+        first_pass.append(part_stats["drops"])
         parts.append(part)
     prepared = Prepared(parts, data.sources, kind)
-    codes = cleaning.drop_reasons(prepared.fingerprint, prepared.repetition, data.dedupe, data.filters,
-                                  prepared.signature_chunks, prepared.record)
+    codes, of = cleaning.drop_reasons(prepared.fingerprint, prepared.repetition, data.dedupe, data.filters,
+                                      prepared.signature_chunks, prepared.record)
     dropped.update(counted(codes, cleaning.REASONS))
+    cleaned = [(i, cleaning.REASONS[codes[i] - 1], of[i]) for i in np.flatnonzero(codes).tolist()]
     kept = np.flatnonzero(codes == 0)
     cutoff = data.heldout_fraction * 2**32
     held, train = kept[prepared.split[kept] < cutoff], kept[prepared.split[kept] >= cutoff]
@@ -84,6 +92,10 @@ def build(ctx, out: Path) -> None:
                                     lambda at: prepared.loss_up_to(train[at], L), data, kind)
     dropped.update(counted(codes, LENGTH_REASONS))
     docs = train[codes == 0]
+    at = lambda i: (int(prepared.source[i]), int(prepared.row[i]))  # noqa: E731
+    write_drop_list(out / "dropped.jsonl", [label_of(src) for src in data.sources], [unit_of(src) for src in data.sources],
+                    first_pass, [(*at(i), reason, at(j) if j >= 0 else None) for i, reason, j in cleaned] +
+                    [(*at(i), LENGTH_REASONS[c - 1], None) for i, c in zip(train.tolist(), codes.tolist()) if c])
     if not len(docs):
         raise UserError(f"data: no training rows left after cleaning ({', '.join(f'{k}: {n} rows' for k, n in rows_in.items())}; "
                         f"{len(held)} held out, dropped {dict(dropped)}); check the sources and filters")

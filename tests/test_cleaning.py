@@ -30,8 +30,11 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
     facts = cleaning.describe(records, settings)
-    codes = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings, FiltersSection(max_repetition=None),
-                                  lambda: [facts["signature"]], records.__getitem__)
+    codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
+                                      FiltersSection(max_repetition=None), lambda: [facts["signature"]], records.__getitem__)
+    for i in np.flatnonzero(codes):  # each duplicate names an earlier row that is kept
+        assert 0 <= of[i] < i and codes[of[i]] == 0
+    assert (of[codes == 0] == -1).all()
     return [((None,) + cleaning.REASONS)[c] for c in codes]
 
 
@@ -70,9 +73,9 @@ def test_repetition_filter():
                            {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
     settings = DedupeSection(near_threshold=None)
     facts = cleaning.describe([loop, varied], settings)
-    codes = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings, FiltersSection(max_repetition=0.5),
-                                  None, None)
-    assert codes.tolist() == [1 + cleaning.REASONS.index("repetitive"), 0]
+    codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
+                                      FiltersSection(max_repetition=0.5), None, None)
+    assert codes.tolist() == [1 + cleaning.REASONS.index("repetitive"), 0] and of.tolist() == [-1, -1]
 
 
 def shingles(text: str, n: int) -> np.ndarray:

@@ -228,3 +228,34 @@ def test_a_row_the_chat_template_refuses_is_a_bad_row(fresh):
     stats, _ = shards_for(fresh, "refused", "sft", ["data/rows.jsonl"], model=model, on_error="skip",
                           dedupe={"near_threshold": None})
     assert stats["dropped"] == {"exact_duplicate": 1, "malformed_json": 1, "template_refused": 1}
+
+
+def test_every_dropped_row_of_a_messy_file_is_listed_by_line(warm):
+    """A messy real-world file through on_error: skip: every drop is in dropped.jsonl with its
+    file and line, a duplicate with the line it repeats, and the counts agree with stats.json."""
+    good = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i)}]} for i in range(40)]
+    lines = [json.dumps(r) for r in good]
+    lines[0] = "\ufeff" + lines[0]  # a byte-order mark, as Windows tools write
+    lines[5] = '{"messages": [{"role": "user", "content": "caf\\u00e9?"}, {"role": "assistant", "content": "caf\u00e9"}]}'
+    expected = {}
+    lines.insert(10, lines[3]); expected[11] = ("exact_duplicate", 4)  # noqa: E702
+    lines.insert(15, '{"messages": [{"role": "user", "content": "hi"'); expected[16] = ("malformed_json", None)  # noqa: E702
+    lines.insert(20, json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}))
+    expected[21] = ("empty_answer", None)
+    lines.insert(25, json.dumps({"messages": [{"role": "robot", "content": "q"}]})); expected[26] = ("unknown_role", None)  # noqa: E702
+    lines.insert(30, ""); expected[31] = ("blank_line", None)  # noqa: E702
+    lines.insert(35, lines[12]); expected[36] = ("exact_duplicate", 13)  # noqa: E702
+    (warm / "data" / "messy.jsonl").write_bytes("\r\n".join(lines).encode() + b"\r\n")
+    recipe = (warm / "recipes" / "tiny.yaml").read_text().replace("data/tiny/chat.jsonl", "data/messy.jsonl")
+    (warm / "recipes" / "messy.yaml").write_text(recipe.replace("  max_length: 256\n", "  max_length: 256\n  on_error: skip\n"))
+    run = doit(warm, "shards:messy")
+    assert run.rc == 0, run.out[-3000:]
+    key = json.loads((warm / "artifacts" / "messy" / "shards.json").read_text())["key"]
+    out = warm / "artifacts" / "store" / "shards" / key
+    listed = [json.loads(line) for line in (out / "dropped.jsonl").read_text().splitlines()]
+    assert {e["line"]: (e["reason"], e.get("duplicate_of", {}).get("line")) for e in listed} == expected
+    assert all(e["source"] == "data/messy.jsonl" for e in listed)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["rows_in_total"] == len(lines) and sum(stats["dropped"].values()) == len(expected)
+    assert stats["kept"]["train"] + stats["kept"]["heldout"] == len(lines) - len(expected)

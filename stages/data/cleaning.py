@@ -128,22 +128,23 @@ class NearDuplicates:
             keys = (keys * np.uint64(0x100000001B3)) ^ bands[:, :, k]
         return keys
 
-    def seen(self, i: int, record) -> bool:
-        """For row i (rows asked in increasing order): True if it is a near copy of a row kept
-        before it; otherwise it is kept. Only rows that share a bucket have their n-grams held
+    def seen(self, i: int, record) -> int | None:
+        """For row i (rows asked in increasing order): the row kept before it that it is a near
+        copy of, or None, and it is kept. Only rows that share a bucket have their n-grams held
         (and only they call `record` for theirs)."""
         bands = np.flatnonzero(self.shared[i])
         if not len(bands):
-            return False  # no other row falls in any of its buckets
+            return None  # no other row falls in any of its buckets
         grams = np.unique(shingle_hashes(normalized(record()), self.ngram))
         buckets = [(int(band), int(self.keys[i, band])) for band in bands]
         candidates = sorted({j for b in buckets for j in self.members.get(b, ())})
-        if any(jaccard(self.kept[j], grams) >= self.threshold for j in candidates):
-            return True
+        copied = next((j for j in candidates if jaccard(self.kept[j], grams) >= self.threshold), None)
+        if copied is not None:
+            return copied
         for b in buckets:
             self.members.setdefault(b, []).append(i)
         self.kept[i] = grams
-        return False
+        return None
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -251,21 +252,25 @@ REASONS = ("exact_duplicate", "near_duplicate", "repetitive")
 
 
 def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filters, signature_chunks,
-                 record) -> np.ndarray:
+                 record) -> tuple[np.ndarray, np.ndarray]:
     """Why each row is dropped (0 kept, else 1 + the index in REASONS), deciding as if row by row
     in their fixed order, so the first row of a group of duplicates is kept, on every machine:
     a row is an exact duplicate of any earlier row with its fingerprint; else, with near dedupe
     on, a near duplicate of an earlier kept row (signature_chunks() gives every row's signature
     in order; record(i) gives row i's record, asked only of rows that share an LSH bucket); else
-    repetitive above filters.max_repetition."""
+    repetitive above filters.max_repetition. Also, for each duplicate, the row it repeats (-1
+    for the others)."""
     codes = np.ones(len(fingerprints), dtype=np.int8)
-    _, first = np.unique(np.ascontiguousarray(fingerprints).view(np.dtype((np.void, 16))).ravel(), return_index=True)
+    _, first, group = np.unique(np.ascontiguousarray(fingerprints).view(np.dtype((np.void, 16))).ravel(),
+                                return_index=True, return_inverse=True)
     codes[first] = 0
+    of = np.where(codes == 1, first[group.ravel()], -1)
     if dedupe.near_threshold:
         near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks())
         for i in np.flatnonzero(near.shared.any(axis=1) & (codes == 0)).tolist():
-            if near.seen(i, lambda i=i: record(i)):
-                codes[i] = 2
+            copied = near.seen(i, lambda i=i: record(i))
+            if copied is not None:
+                codes[i], of[i] = 2, copied
     if filters.max_repetition is not None:
         codes[(codes == 0) & (repetition.astype(np.float64) > filters.max_repetition)] = 3
-    return codes
+    return codes, of

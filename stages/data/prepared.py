@@ -61,24 +61,31 @@ def chunk_rows(path: Path) -> tuple[bytes, np.ndarray, bool]:
 class Prepared:
     """Every prepared row of a recipe's sources, in order: what cleaning and the length rules
     read, as arrays over all rows (`lengths`: tokens of the document, or of a pair's chosen
-    side; `longest`: of its longer side), and each row's record or tokens read where needed."""
+    side; `longest`: of its longer side; `source` and `row`: which source and which row of it,
+    counted from 1), and each row's record or tokens read where needed."""
 
     def __init__(self, parts: list[Path], sources, kind: str):
         from safetensors import safe_open
 
         self.kind = kind
-        self.chunks = [(path, src) for part, src in zip(parts, sources) for path in sorted(part.glob("chunk-*.safetensors"))]
-        facts = {key: [] for key in ("fingerprint", "repetition", "split", "loss_tokens", "lengths", "longest")}
-        for path, _ in self.chunks:
+        listed = [(i, path) for i, part in enumerate(parts) for path in sorted(part.glob("chunk-*.safetensors"))]
+        self.chunks = [(path, sources[i]) for i, path in listed]
+        facts = {key: [] for key in ("fingerprint", "repetition", "split", "loss_tokens", "lengths", "longest",
+                                     "source", "row")}
+        before = {part: json.loads((part / "stats.json").read_text())["rows_before"] for part in parts}
+        for i, path in listed:
             with safe_open(str(path), "np") as f:
                 for key in ("fingerprint", "repetition", "split", "loss_tokens"):
                     facts[key].append(f.get_tensor(key))
                 lengths = [np.diff(f.get_tensor(f"{key}_offsets")) for key in sides(kind)]
+                job = int(path.stem.split("-")[1])
+                facts["row"].append(before[path.parent][job] + f.get_tensor("position") + 1)
             facts["lengths"].append(lengths[0])
             facts["longest"].append(np.max(lengths, axis=0))
+            facts["source"].append(np.full(len(lengths[0]), i, dtype=np.int64))
         sizes = np.array([len(a) for a in facts["split"]], dtype=np.int64)
-        self.fingerprint, self.repetition, self.split, self.loss_tokens, self.lengths, self.longest = (
-            np.concatenate(facts[key]) if self.chunks else np.zeros(0, dtype=np.int64) for key in facts)
+        (self.fingerprint, self.repetition, self.split, self.loss_tokens, self.lengths, self.longest, self.source,
+         self.row) = (np.concatenate(facts[key]) if self.chunks else np.zeros(0, dtype=np.int64) for key in facts)
         self.chunk_of = np.repeat(np.arange(len(self.chunks)), sizes)
         self.local = np.arange(len(self.chunk_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 

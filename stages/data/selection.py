@@ -1,6 +1,9 @@
 """Which prepared rows become training documents, decided on arrays over all rows: the
-held-out split and the length rules, each drop counted by reason."""
+held-out split and the length rules, each drop counted by reason and listed by place."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import blake3
 import numpy as np
@@ -37,3 +40,20 @@ def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, kin
     if kind != "prompt":
         codes[(codes == 0) & (loss == 0)] = 3
     return codes, cut[codes[cut] == 0], loss
+
+
+def write_drop_list(path: Path, labels: list[str], unit: list[str], first_pass: list[list], second_pass) -> None:
+    """dropped.jsonl: every dropped row, one line each in source order: its source, its line (a
+    JSON Lines file's) or row (any other), why, and for a duplicate the row it repeats.
+    `first_pass` holds each source's (row, reason) drops; `second_pass` is (source, row, reason,
+    source and row repeated or None) for the rest."""
+    entries = [(i, row, reason, None) for i, drops in enumerate(first_pass) for row, reason in drops]
+    entries += list(second_pass)
+
+    def place(i, row):
+        return {"source": labels[i], unit[i]: int(row)}
+
+    with open(path, "w", encoding="utf-8") as f:
+        for i, row, reason, of in sorted(entries, key=lambda e: (e[0], e[1])):
+            entry = {**place(i, row), "reason": reason, **({"duplicate_of": place(*of)} if of else {})}
+            f.write(json.dumps(entry, ensure_ascii=False) + "\n")

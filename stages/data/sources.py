@@ -73,10 +73,10 @@ def job_rows(job, limit: int):
 def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], list[tuple], dict]:
     """The canonical records of a job's rows, each row as stored (its JSON line, or the record as
     JSON where the row did not come from one) and where it was (its position in the job, and
-    `where`), with what happened to the others: rows in, drops by reason, and where on_error is
-    fail the first bad row as (position, where, message)."""
+    `where`), with what happened to the others: rows in, drops by reason and by position, and
+    where on_error is fail the first bad row as (position, where, message)."""
     records, stored, places, dropped = [], [], [], Counter()
-    outcome = {"rows_in": 0, "dropped": dropped, "error": None}
+    outcome = {"rows_in": 0, "dropped": dropped, "drops": [], "error": None}  # drops: (position, reason)
     for position, (where, row, line) in enumerate(job_rows(job, data.max_row_bytes)):
         outcome["rows_in"] += 1
         try:
@@ -89,11 +89,13 @@ def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], lis
         except rows.BadRow as e:
             if data.on_error == "skip" or e.reason in COUNTED_ALWAYS:
                 dropped[e.reason] += 1
+                outcome["drops"].append((position, e.reason))
                 continue
             outcome["error"] = (position, where, str(e))
             break
         if not all(a.strip() for a in rows.answers(record)):
             dropped["empty_answer"] += 1
+            outcome["drops"].append((position, "empty_answer"))
             continue
         records.append(record)
         stored.append(line if line is not None else json.dumps(record, ensure_ascii=False, sort_keys=True).encode())
@@ -102,11 +104,15 @@ def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], lis
 
 
 class SourceCount:
-    """The outcomes of one source's jobs, taken in file order: rows in, drops by reason, and the
-    first bad row (on_error: fail) raised as a one-line error naming its file:line."""
+    """The outcomes of one source's jobs, taken in file order: rows in, drops by reason and by
+    row (its number in the source: a JSON Lines file's line, or the row of another file type),
+    the rows before each job, and the first bad row (on_error: fail) raised as a one-line error
+    naming its file:line."""
 
     def __init__(self, src):
         self.label, self.rows_in, self.dropped = label_of(src), 0, Counter()
+        self.drops: list[tuple[int, str]] = []  # (row number, reason)
+        self.rows_before: list[int] = []  # per job, in order
 
     def take(self, outcome: dict) -> None:
         if outcome["error"]:
@@ -114,6 +120,8 @@ class SourceCount:
             if isinstance(where, int):  # a line of a JSON Lines block: all lines before it are counted
                 where = f"{self.label}:{self.rows_in + where + 1}"
             raise UserError(f"{where}: {message}; fix the row or set data.on_error: skip")
+        self.rows_before.append(self.rows_in)
+        self.drops += [(self.rows_in + position + 1, reason) for position, reason in outcome["drops"]]
         self.rows_in += outcome["rows_in"]
         self.dropped.update(outcome["dropped"])
 
@@ -174,13 +182,15 @@ def prepare_job(index: int, job, src, kind: str, data, out: Path) -> dict:
     refused = [k for k, doc in enumerate(docs) if isinstance(doc, template.Refused)]
     if refused and data.on_error == "skip":
         outcome["dropped"]["template_refused"] += len(refused)
+        outcome["drops"] = sorted(outcome["drops"] + [(places[k][0], "template_refused") for k in refused])
         kept = sorted(set(range(len(docs))) - set(refused))
-        records, stored, docs = ([x[k] for k in kept] for x in (records, stored, docs))
+        records, stored, docs, places = ([x[k] for k in kept] for x in (records, stored, docs, places))
     elif refused and (outcome["error"] is None or places[refused[0]][0] < outcome["error"][0]):
         outcome["error"] = (*places[refused[0]], f"the model's chat template refused it ({docs[refused[0]]})")
     if records and not outcome["error"]:
         arrays = prepare_chunk(records, docs, data, kind)
         arrays["row_offsets"] = np.cumsum([0] + [len(line) + 1 for line in stored], dtype=np.int64)
+        arrays["position"] = np.array([position for position, _ in places], dtype=np.int64)  # in the job
         save_file(arrays, str(out / f"chunk-{index:05d}.safetensors"),
                   metadata={"rows": "records" if isinstance(job, list) else "source"})
         (out / f"chunk-{index:05d}.rows").write_bytes(b"".join(line + b"\n" for line in stored))
@@ -232,5 +242,6 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
             pool.shutdown(cancel_futures=True)
             raise
     progress.close()
-    (out / "stats.json").write_text(json.dumps({"rows_in": count.rows_in, "dropped": dict(sorted(count.dropped.items()))},
+    (out / "stats.json").write_text(json.dumps({"rows_in": count.rows_in, "dropped": dict(sorted(count.dropped.items())),
+                                                "rows_before": count.rows_before, "drops": count.drops},
                                                indent=1, sort_keys=True) + "\n")
