@@ -3,6 +3,7 @@
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
 per recipe (stages/engine/graph.py); verify and show are the engine's own tasks.
 """
+from stages import check
 from stages.engine import graph, show, verify
 from stages.table import STAGES
 
@@ -16,3 +17,7 @@ def task_verify():
 
 def task_show():
     return show.tasks(STAGES)
+
+
+def task_check():
+    return check.tasks(STAGES)

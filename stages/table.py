@@ -31,7 +31,7 @@ STAGES = {s.name: s for s in [
     Stage("checkpoint", "stages.checkpoint", ("train",),
           {"base": MODEL_FILES, "shards": ("train/*",), "plan": ("plan.json",)},
           ("torch", "transformers", "trl", "peft", "accelerate", "datasets"),
-          "trained weights or PEFT adapter + metrics.jsonl"),
+          "trained weights or PEFT adapter + metrics.jsonl", after=("check",)),
     Stage("quantized", "stages.quantized", ("quantize",),
           {"base": MODEL_FILES, "checkpoint": TRAINED, "shards": ("train/*",)},
           ("torch", "transformers", "peft", "amd-quark"),

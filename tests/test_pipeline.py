@@ -198,3 +198,22 @@ def test_results_are_where_people_look(warm):
     assert abs(score["train_loss_quantized"] - score["train_loss_unquantized"]) < 0.05  # FP8 barely moves it
     last = json.loads((latest / "checkpoint" / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
     assert score["train_loss_unquantized"] < 2 * last  # the training loss it names, not a loss on every token
+
+
+def test_a_recipe_that_drops_most_rows_warns_before_training(warm):
+    recipe = warm / "recipes" / "tiny.yaml"
+    short = recipe.read_text().replace("  max_length: 256\n", "  max_length: 38\n").replace("max_steps: 150", "max_steps: 500")
+    (warm / "recipes" / "short.yaml").write_text(short)
+    run = doit(warm, "check:short")
+    assert run.rc == 0, run.out[-3000:]
+    warnings = [line for line in run.out.splitlines() if line.startswith("WARNING: ")]
+    assert len(warnings) == 2, run.out[-3000:]
+    stats = json.loads((artifact(warm, "shards", "short") / "stats.json").read_text())
+    dropped = sum(stats["dropped"].values())
+    assert f"data: {dropped} of 3000 rows" in warnings[0] and "raise data.max_length (38)" in warnings[0]
+    assert f"go over the {stats['sequences']} training sequences" in warnings[1]
+    (warm / "recipes" / "short.yaml").write_text(short + "checks:\n  as_errors: true\n")
+    run = doit(warm, "manifest:short")
+    assert run.rc != 0 and "error: check: data:" in run.out and "checks.as_errors is set" in run.out
+    assert "checkpoint" not in run.stages_ran("short")
+    assert doit(warm, "check:tiny").out.count("WARNING") == 0  # tiny itself is fine

@@ -46,6 +46,7 @@ class Stage:
     upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
     packages: tuple[str, ...] = ()
     doc: str = ""
+    after: tuple[str, ...] = ()  # actions (doit tasks that store nothing) run before it builds
 
 
 def recipe_names() -> list[str]:
@@ -276,7 +277,7 @@ def stage_tasks(stage: Stage):
             "name": name,
             "actions": [(build, [name, stage])],
             "uptodate": [(is_built, [name, stage])],
-            "task_dep": [f"{up}:{name}" for up in stage.upstream],
+            "task_dep": [f"{up}:{name}" for up in stage.upstream] + [f"{a}:{name}" for a in stage.after],
             "verbosity": 2,
         }
 

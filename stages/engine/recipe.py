@@ -170,6 +170,14 @@ class ServeSection(Section):
     port: int = Field(8000, gt=0, lt=65536)
 
 
+class ChecksSection(Section):
+    """Warnings before a wasted run (doit check:<recipe>, run before training): one loud line
+    each, or a failed build with as_errors. No artifact reads these: changing them rebuilds nothing."""
+    max_dropped_fraction: float = Field(0.5, gt=0.0, le=1.0)  # of the rows read, dropped for any reason
+    max_epochs: float = Field(10.0, gt=0.0)  # passes of train.max_steps over the training sequences
+    as_errors: bool = False
+
+
 class Recipe(Section):
     model: ModelSection
     data: DataSection
@@ -179,6 +187,7 @@ class Recipe(Section):
     eval: EvalSection = EvalSection()
     quantize: QuantizeSection = QuantizeSection()
     serve: ServeSection = ServeSection()
+    checks: ChecksSection = ChecksSection()
 
 
 RECIPE_NAME = re.compile(r"[A-Za-z0-9_-]+")
