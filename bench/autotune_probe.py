@@ -84,7 +84,7 @@ def main() -> None:
     config_dir = Path(tempfile.mkdtemp())
     Qwen3Config(**SHAPES[a.shape]).save_pretrained(config_dir)
     recipe = Recipe.model_validate({
-        "model": {"path": str(config_dir)},
+        "model": {"path": "unused"},  # the probe reads config_dir
         "data": {"sources": [{"path": "unused.jsonl"}], "max_length": a.max_length},
         "train": {"peft": a.peft, "lora": {"r": 16, "alpha": 32, "target_modules": "all-linear"},
                   "micro_batch_size": a.global_batch, "grad_accum": 1},

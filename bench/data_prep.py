@@ -144,9 +144,11 @@ def main() -> None:
             continue
         project = work / name
         subprocess.run(["git", "clone", "-q", str(REPO), str(project)], check=True)
+        (project / "data" / "bench.jsonl").symlink_to(rows)  # data lives in the project: linked there
+        (project / "bench-base").symlink_to(work / "base")
         (project / "recipes" / "bench.yaml").write_text(json.dumps({
-            "model": {"path": str(work / "base")},
-            "data": {"sources": [{"path": str(rows)}], "max_length": a.max_length, "heldout_fraction": 0.0,
+            "model": {"path": "bench-base"},
+            "data": {"sources": [{"path": "data/bench.jsonl"}], "max_length": a.max_length, "heldout_fraction": 0.0,
                      "dedupe": dedupe},
         }))
         out, seconds, rss = run_measured([sys.executable, "-m", "doit", "shards:bench"], project)

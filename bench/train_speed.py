@@ -212,7 +212,8 @@ def run_one(name: str, work: Path) -> dict:
     config_dir = work / "config"
     Qwen3Config(**shape).save_pretrained(config_dir)
     recipe = Recipe.model_validate({
-        "model": {"path": str(config_dir)}, "data": {"sources": [{"path": "unused.jsonl"}], "max_length": MAX_LENGTH},
+        "model": {"path": "unused"},  # (the probe reads config_dir)
+        "data": {"sources": [{"path": "unused.jsonl"}], "max_length": MAX_LENGTH},
         "train": {"peft": "lora", "lora": {"r": 16, "alpha": 32}, "micro_batch_size": BATCH},
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": PROBE_BUDGET}})
     start = time.perf_counter()
