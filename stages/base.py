@@ -51,5 +51,11 @@ def build(ctx, out: Path) -> None:
         from huggingface_hub import snapshot_download
 
         ctx.log.info("fetching %s@%s", m.hub, m.revision)
-        src = snapshot_download(m.hub, revision=m.revision, allow_patterns=list(MODEL_FILE_PATTERNS))
+        try:
+            src = snapshot_download(m.hub, revision=m.revision, allow_patterns=list(MODEL_FILE_PATTERNS))
+        except Exception as e:  # offline, unknown id or revision, no access: the hub client raises many types
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"recipes/{ctx.recipe_name}.yaml: model.hub {m.hub}@{m.revision} cannot be fetched "
+                            f"({type(e).__name__}: {first}); connect to the hub (and log in if the model is gated), "
+                            f"or download it once and point model.path at that directory") from None
         copy_model_dir(Path(src), out)
