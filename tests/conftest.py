@@ -62,11 +62,12 @@ def doit(project: Path, *args, env=None, timeout=900) -> Run:
 
 
 def snapshot(project: Path) -> dict[str, tuple]:
-    """Every file under artifacts/store and the pointers, with size and mtime: 'nothing changed' checks."""
+    """Every file under artifacts/store and the pointers, with size and mtime: 'nothing changed'
+    checks. (Not the caches, nor artifacts/locks/: empty files whose flocks say who builds what.)"""
     art = project / "artifacts"
     return {str(p.relative_to(art)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in art.rglob("*") if p.is_file() and p.name not in ("statcache.sqlite", "doit.sqlite")
-            and "-journal" not in p.name}
+            and "-journal" not in p.name and p.relative_to(art).parts[0] != "locks"}
 
 
 ALL_STAGES = {"base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"}

@@ -32,7 +32,9 @@ def clean(records, **dedupe):
     facts = cleaning.describe(records, settings)
     codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
                                       FiltersSection(max_repetition=None), lambda: [facts["signature"]], records.__getitem__)
-    for i in np.flatnonzero(codes):  # each duplicate names an earlier row that is kept
+    for i in np.flatnonzero(codes == 1):  # an exact duplicate names the first row with its text
+        assert 0 <= of[i] < i and (facts["fingerprint"][of[i]] == facts["fingerprint"][i]).all()
+    for i in np.flatnonzero(codes == 2):  # a near duplicate names an earlier row that was kept
         assert 0 <= of[i] < i and codes[of[i]] == 0
     assert (of[codes == 0] == -1).all()
     return [((None,) + cleaning.REASONS)[c] for c in codes]
