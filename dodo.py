@@ -1,10 +1,10 @@
 """mindxtrain: `doit manifest:<recipe>` builds recipes/<recipe>.yaml; `doit verify` checks receipts.
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
-per recipe (stages/engine/graph.py); verify and show are the engine's own tasks.
+per recipe (stages/engine/graph.py); verify, show and status are the engine's own tasks.
 """
 from stages import check
-from stages.engine import graph, show, verify
+from stages.engine import graph, show, status, verify
 from stages.table import STAGES
 
 DOIT_CONFIG = graph.DOIT_CONFIG
@@ -21,3 +21,7 @@ def task_show():
 
 def task_check():
     return check.tasks(STAGES)
+
+
+def task_status():
+    return status.tasks(STAGES)

@@ -217,3 +217,19 @@ def test_a_recipe_that_drops_most_rows_warns_before_training(warm):
     assert run.rc != 0 and "error: check: data:" in run.out and "checks.as_errors is set" in run.out
     assert "checkpoint" not in run.stages_ran("short")
     assert doit(warm, "check:tiny").out.count("WARNING") == 0  # tiny itself is fine
+
+
+def test_status_says_what_is_stale_and_why(warm):
+    run = doit(warm, "status:tiny")
+    assert run.rc == 0 and all(f"  {s:<10} up to date" in run.out for s in ALL_STAGES), run.out
+    recipe = warm / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("lr: 0.005", "lr: 0.004").replace("max_new_tokens: 12", "max_new_tokens: 10"))
+    data = warm / "data" / "tiny" / "chat.jsonl"
+    data.write_text(data.read_text() + data.read_text().splitlines(keepends=True)[0])
+    out = doit(warm, "status:tiny").out
+    assert "  shards     stale: data/tiny/chat.jsonl changed" in out, out
+    assert "  checkpoint stale: recipe train.lr (0.005 -> 0.004); and waits on shards" in out
+    assert "  quantized  waits on checkpoint, shards: rebuilt only if their bytes change" in out
+    assert "  eval       stale: recipe eval.max_new_tokens (12 -> 10); and waits on" in out
+    assert "  base       up to date" in out and "  plan       up to date" in out
+    assert doit(warm, "manifest:tiny").stages_ran() >= {"shards", "checkpoint", "eval"}
