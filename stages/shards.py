@@ -78,7 +78,7 @@ def build(ctx, out: Path) -> None:
     codes, of = cleaning.drop_reasons(prepared.fingerprint, prepared.repetition, data.dedupe, data.filters,
                                       prepared.signature_chunks, prepared.record)
     dropped.update(counted(codes, cleaning.REASONS))
-    cleaned = [(i, cleaning.REASONS[codes[i] - 1], of[i]) for i in np.flatnonzero(codes).tolist()]
+    listing = prepared.drops(np.arange(len(codes)), codes, cleaning.REASONS, of)
     kept = np.flatnonzero(codes == 0)
     cutoff = data.heldout_fraction * 2**32
     held, train = kept[prepared.split[kept] < cutoff], kept[prepared.split[kept] >= cutoff]
@@ -92,13 +92,13 @@ def build(ctx, out: Path) -> None:
                                     lambda at: prepared.loss_up_to(train[at], L), data, kind)
     dropped.update(counted(codes, LENGTH_REASONS))
     docs = train[codes == 0]
-    at = lambda i: (int(prepared.source[i]), int(prepared.row[i]))  # noqa: E731
-    write_drop_list(out / "dropped.jsonl", [label_of(src) for src in data.sources], [unit_of(src) for src in data.sources],
-                    first_pass, [(*at(i), reason, at(j) if j >= 0 else None) for i, reason, j in cleaned] +
-                    [(*at(i), LENGTH_REASONS[c - 1], None) for i, c in zip(train.tolist(), codes.tolist()) if c])
+    listing += prepared.drops(train, codes, LENGTH_REASONS)
+    write_drop_list(out / "dropped.jsonl", [label_of(src) for src in data.sources],
+                    [unit_of(src) for src in data.sources], first_pass, listing)
     if not len(docs):
-        raise UserError(f"data: no training rows left after cleaning ({', '.join(f'{k}: {n} rows' for k, n in rows_in.items())}; "
-                        f"{len(held)} held out, dropped {dict(dropped)}); check the sources and filters")
+        read = ", ".join(f"{label}: {n} rows" for label, n in rows_in.items())
+        raise UserError(f"data: no training rows left after cleaning ({read}; {len(held)} held out, dropped "
+                        f"{dict(dropped)}); check the sources and filters")
     sequences, shards = write_shards(out / "train", prepared, docs, kind, L, tok.pad_token_id)
     stats = {
         "kind": kind,

@@ -89,6 +89,13 @@ class Prepared:
         self.chunk_of = np.repeat(np.arange(len(self.chunks)), sizes)
         self.local = np.arange(len(self.chunk_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
+    def drops(self, rows_at: np.ndarray, codes: np.ndarray, reasons: tuple[str, ...], of=None) -> list[tuple]:
+        """(source, row, reason, the (source, row) it repeats or None) of each row of rows_at whose
+        code is not 0 (1 + the index in reasons); `of` names what each one repeats (-1: nothing)."""
+        place = lambda i: (int(self.source[i]), int(self.row[i]))  # noqa: E731
+        return [(*place(rows_at[k]), reasons[codes[k] - 1], place(of[k]) if of is not None and of[k] >= 0 else None)
+                for k in np.flatnonzero(codes).tolist()]
+
     def signature_chunks(self):
         from safetensors import safe_open
 
