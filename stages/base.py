@@ -28,13 +28,16 @@ def copy_model_dir(src: Path, out: Path) -> None:
 
 
 def extra_inputs(recipe, root: Path, store) -> dict:
-    """A local model dir is an input: its content, not its path, goes into the key."""
+    """A local model dir, or the tokenizer dir a config names, is an input: its content, not
+    its path, goes into the key."""
     m = recipe.model
-    if m.path is None:
+    name, path = (("model.path", m.path) if m.path is not None else
+                  ("model.config.tokenizer", m.config.tokenizer if m.config else None))
+    if path is None:
         return {}
-    src = (root / m.path)
+    src = root / path
     if not src.is_dir():
-        raise UserError(f"recipe model.path: {m.path} is not a directory")
+        raise UserError(f"recipe {name}: {path} is not a directory")
     return {p.name: store.stat.digest(p) for p in sorted(src.iterdir())
             if p.is_file() and any(p.match(pat) for pat in MODEL_FILE_PATTERNS)}
 
@@ -43,7 +46,7 @@ def build(ctx, out: Path) -> None:
     m = ctx.recipe.model
     if m.config is not None:
         ctx.log.info("building a Qwen3 model from config (seed %d)", m.config.seed)
-        build_from_config(m.config, out)
+        build_from_config(m.config, out, ctx.root)
     elif m.path is not None:
         ctx.log.info("copying local model %s", m.path)
         copy_model_dir(ctx.root / m.path, out)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from stages.data.render import render
-from stages.model.trained import load_trained
+from stages.model.trained import load_trained, placement
 
 
 def heldout_docs(shards: Path, tok, limit: int | None) -> list[dict]:
@@ -98,11 +98,11 @@ def build(ctx, out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
     docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
     models = {
-        "base": lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["base"]),
+        "base": lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["base"], **placement()),
         "trained": lambda: load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]),
     }
     if (ctx.upstream["quantized"] / "model").is_dir():
-        models["quantized"] = lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["quantized"] / "model")
+        models["quantized"] = lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["quantized"] / "model", **placement())
     report = {"heldout_rows": len(docs), "settings": settings.model_dump(mode="json")}
     for name, load in models.items():
         ctx.log.info("scoring %s on %d held-out rows", name, len(docs))

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from stages.data import packed
-from stages.model.trained import load_trained
+from stages.model.trained import load_trained, placement
 from stages.engine.errors import UserError
 
 
@@ -54,20 +54,21 @@ def build(ctx, out: Path) -> None:
     def measure(m):
         losses, logits = [], []
         for ids, pos, labels in checked:
-            o = m(input_ids=ids, position_ids=pos, labels=labels, use_cache=False)
+            o = m(input_ids=ids.to(m.device), position_ids=pos.to(m.device), labels=labels.to(m.device),
+                  use_cache=False)
             losses.append(o.loss.item())
-            logits.append(o.logits)
+            logits.append(o.logits.float().cpu())
         return sum(losses) / len(losses), torch.cat(logits)
 
     loss_ref, logits_ref = measure(model)
     ctx.log.info("quantizing to %s with %d calibration sequences", ctx.recipe.quantize.scheme, len(calib))
     config = LLMTemplate.get(model.config.model_type).get_config(scheme=ctx.recipe.quantize.scheme)
-    model = ModelQuantizer(config).quantize_model(model, [ids for ids, _, _ in calib])
+    model = ModelQuantizer(config).quantize_model(model, [ids.to(model.device) for ids, _, _ in calib])
     model = ModelQuantizer.freeze(model)
     export_safetensors(model, out / "model", custom_mode="quark", weight_format="real_quantized")
     AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / "model")
 
-    reloaded = AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    reloaded = AutoModelForCausalLM.from_pretrained(out / "model", **placement()).eval()
     loss_q, logits_q = measure(reloaded)
     score = {
         "scheme": ctx.recipe.quantize.scheme,

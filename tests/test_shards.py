@@ -31,9 +31,9 @@ def test_packed_documents_do_not_attend_to_each_other(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from stages.model.tiny import build_from_config
-    from stages.engine.recipe import TinyConfig
+    from stages.engine.recipe import ModelConfig
 
-    build_from_config(TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    build_from_config(ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8), tmp_path)
     model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     model.config.use_cache = False
@@ -210,9 +210,9 @@ def test_a_row_the_chat_template_refuses_is_a_bad_row(fresh):
     its file:line (the first bad row, before a malformed one), nothing of it in the store; with
     on_error: skip it is counted and the rest kept."""
     from stages.model.tiny import build_from_config
-    from stages.engine.recipe import TinyConfig
+    from stages.engine.recipe import ModelConfig
 
-    build_from_config(TinyConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+    build_from_config(ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                  num_key_value_heads=1, head_dim=16), fresh / "nosystem")
     chat_template = fresh / "nosystem" / "chat_template.jinja"
     chat_template.write_text("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"

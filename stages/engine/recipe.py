@@ -34,8 +34,11 @@ def inside_project(path: str | None) -> str | None:
 ProjectPath = Annotated[Optional[str], AfterValidator(inside_project)]
 
 
-class TinyConfig(Section):
-    """A Qwen3-architecture model built from its config with a fixed seed."""
+class ModelConfig(Section):
+    """A Qwen3-architecture model built from its config with a fixed seed (random weights).
+    With no tokenizer, a character-level one is made here (the tiny default, no download);
+    with tokenizer: a Hugging Face tokenizer directory (e.g. Qwen3's), whose vocabulary the
+    model gets unless vocab_size says otherwise (Qwen3 pads 151,669 tokens to 151,936)."""
     architecture: Literal["Qwen3ForCausalLM"] = "Qwen3ForCausalLM"
     hidden_size: int = Field(64, gt=0)
     intermediate_size: int = Field(128, gt=0)
@@ -44,6 +47,10 @@ class TinyConfig(Section):
     num_key_value_heads: int = Field(2, gt=0)
     head_dim: int = Field(16, gt=0)
     max_position_embeddings: int = Field(1024, gt=0)
+    tokenizer: ProjectPath = None
+    vocab_size: Optional[int] = Field(None, gt=0)
+    tie_word_embeddings: bool = True
+    dtype: Literal["float32", "bfloat16"] = "float32"  # of the saved weights: bf16 halves an 8B's 33 GB
     seed: int = 0
 
 
@@ -52,7 +59,7 @@ class ModelSection(Section):
     hub: Optional[str] = None
     revision: Optional[str] = None
     path: ProjectPath = None
-    config: Optional[TinyConfig] = None
+    config: Optional[ModelConfig] = None
 
     @model_validator(mode="after")
     def one_source(self):

@@ -1,17 +1,28 @@
 """The trained model as a plain transformers model, for every stage downstream of training
-(quantized, eval): full weights as saved, or the base with the PEFT adapter merged in."""
+(quantized, eval): full weights as saved, or the base with the PEFT adapter merged in, placed
+where those stages run it (placement)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def load_trained(checkpoint: Path, base: Path, dtype="float32"):
+def placement() -> dict:
+    """from_pretrained arguments for inference-side stages: on a CUDA GPU the model in bf16 on
+    the GPU (an 8B model in fp32 on the CPU would take hours to calibrate and score); on the
+    CPU fp32, as before, so CPU builds keep their bytes."""
     import torch
+
+    if torch.cuda.is_available():
+        return {"dtype": torch.bfloat16, "device_map": "cuda"}
+    return {"dtype": torch.float32}
+
+
+def load_trained(checkpoint: Path, base: Path):
     from transformers import AutoModelForCausalLM
 
     if (checkpoint / "adapter").is_dir():
         from peft import PeftModel
 
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+        model = AutoModelForCausalLM.from_pretrained(base, **placement())
         return PeftModel.from_pretrained(model, checkpoint / "adapter").merge_and_unload()
-    return AutoModelForCausalLM.from_pretrained(checkpoint / "model", dtype=getattr(torch, dtype))
+    return AutoModelForCausalLM.from_pretrained(checkpoint / "model", **placement())

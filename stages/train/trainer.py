@@ -72,6 +72,10 @@ def train(trainer, plan: dict, max_steps: int, work: Path, log, run: dict) -> No
     with training_context(trainer, plan):
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
+    import torch
+
+    if torch.cuda.is_available():
+        run["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
 
 
 def save(trainer, tok, peft: str, out: Path) -> None:
