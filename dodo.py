@@ -4,7 +4,7 @@ Thin: every row of the stage table (stages/table.py) becomes a doit task with on
 per recipe (stages/engine/graph.py); verify, show and status are the engine's own tasks.
 """
 from stages import check
-from stages.engine import graph, show, status, verify
+from stages.engine import catalogue, graph, show, status, verify
 from stages.table import STAGES
 
 DOIT_CONFIG = graph.DOIT_CONFIG
@@ -25,3 +25,7 @@ def task_check():
 
 def task_status():
     return status.tasks(STAGES)
+
+
+def task_recipes():
+    return catalogue.task()

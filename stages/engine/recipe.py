@@ -122,6 +122,9 @@ class LoraSection(Section):
     alpha: int = Field(16, gt=0)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: str | list[str] = "all-linear"
+    # nn.Parameters (not Linear modules) to adapt, e.g. MoE experts' fused weights
+    # ("mlp.experts.gate_up_proj"): PEFT's target_parameters
+    target_parameters: Optional[list[str]] = None
 
 
 class TrainSection(Section):

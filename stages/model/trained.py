@@ -17,12 +17,25 @@ def placement() -> dict:
     return {"dtype": torch.float32}
 
 
+def dequantized(base: Path) -> dict:
+    """from_pretrained arguments that load a base saved with MXFP4 weights (gpt-oss) as bf16:
+    training and merging an adapter need real weights, not MXFP4 kernels' packed blocks."""
+    import json
+
+    quant = json.loads((base / "config.json").read_text()).get("quantization_config") or {}
+    if quant.get("quant_method") != "mxfp4":
+        return {}
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 def load_trained(checkpoint: Path, base: Path):
     from transformers import AutoModelForCausalLM
 
     if (checkpoint / "adapter").is_dir():
         from peft import PeftModel
 
-        model = AutoModelForCausalLM.from_pretrained(base, **placement())
+        model = AutoModelForCausalLM.from_pretrained(base, **placement(), **dequantized(base))
         return PeftModel.from_pretrained(model, checkpoint / "adapter").merge_and_unload()
     return AutoModelForCausalLM.from_pretrained(checkpoint / "model", **placement())

@@ -9,7 +9,8 @@ def lora_config(t):
     from peft import LoraConfig
 
     return LoraConfig(r=t.lora.r, lora_alpha=t.lora.alpha, lora_dropout=t.lora.dropout,
-                      target_modules=t.lora.target_modules, task_type="CAUSAL_LM")
+                      target_modules=t.lora.target_modules, target_parameters=t.lora.target_parameters,
+                      task_type="CAUSAL_LM")
 
 
 def rocm_env(library: str | None) -> dict[str, str]:

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from stages.model.trained import dequantized
 from stages.train.settings import apply_settings, training_context
 
 COMPLETE = "mindxtrain-complete"
@@ -17,7 +18,7 @@ def trainable_model(base: Path, plan: dict):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, plan["dtype"]))
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, plan["dtype"]), **dequantized(base))
     model.config.use_cache = False
     apply_settings(model, plan)
     return model
