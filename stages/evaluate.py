@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 
 from stages.data.render import render
-from stages.model.trained import load_trained, placement
+from stages.model.trained import device, load_trained, placement
+
+
+def extra_inputs(recipe, root: Path, store) -> dict:
+    return {"device": device()}
 
 
 def heldout_docs(shards: Path, tok, limit: int | None) -> list[dict]:

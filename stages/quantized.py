@@ -15,12 +15,16 @@ import os
 from pathlib import Path
 
 from stages.data import packed
-from stages.model.trained import load_trained, placement
+from stages.model.trained import device, load_trained, placement
 from stages.engine.errors import UserError
 
 
 FIRST_SHARD = "shard-00000.safetensors"
 CHECKED = 8  # sequences the export is checked on
+
+
+def extra_inputs(recipe, root: Path, store) -> dict:
+    return {"device": device()}
 
 
 def sequences(shards: Path, first: int, count: int):

@@ -53,7 +53,7 @@ def test_wrong_type_names_the_key(tmp_path):
 def test_yaml_syntax_error_names_the_line(tmp_path):
     text = TINY.replace("  max_length: 256\n", "  max_length: [256\n")
     message = error(tmp_path, text)
-    assert "YAML syntax error" in message and f"r.yaml:" in message
+    assert "YAML syntax error" in message and "r.yaml:" in message
     line = int(message.split("r.yaml:")[1].split(":")[0])
     assert abs(line - (text.splitlines().index("  max_length: [256") + 1)) <= 2
 

@@ -17,6 +17,14 @@ def placement() -> dict:
     return {"dtype": torch.float32}
 
 
+def device() -> str:
+    """Where placement() puts the model: part of the key of every stage that uses it, since a
+    GPU in bf16 and the CPU in fp32 write different bytes from the same inputs."""
+    import torch
+
+    return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+
+
 def dequantized(base: Path) -> dict:
     """from_pretrained arguments that load a base saved with MXFP4 weights (gpt-oss) as bf16:
     training and merging an adapter need real weights, not MXFP4 kernels' packed blocks."""
