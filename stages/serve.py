@@ -62,7 +62,7 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
     from stages.serving.app import build_app
     from stages.serving.model import ServedModel
 
-    app = build_app(ServedModel(s.weights, s.tokenizer, s.adapter), s.model_id, {"manifest": digest})
+    app = build_app(ServedModel(s), s.model_id, {"manifest": digest})
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers)", flush=True)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again: these

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from stages.data.render import render
-from stages.model.trained import load_trained
+from stages.model.trained import load_trained, placement
+from stages.serving.served import Served
 
 
 @dataclass
@@ -51,17 +51,17 @@ def cancelled(event: threading.Event | None):
 
 
 class ServedModel:
-    def __init__(self, weights: Path, tokenizer: Path, adapter: Path | None = None):
+    def __init__(self, s: Served):
         os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # a Quark export loads as eval loads it
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
-        self.tok = AutoTokenizer.from_pretrained(tokenizer)
-        if adapter is not None:  # the trained model: base with its LoRA merged, as eval scores it
-            self.model = load_trained(adapter.parent, weights)
+        self.tok = AutoTokenizer.from_pretrained(s.tokenizer)
+        if s.checkpoint is not None:  # loaded as eval loads it (an adapter merged into the base)
+            self.model = load_trained(s.checkpoint, s.tokenizer)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(weights)
+            self.model = AutoModelForCausalLM.from_pretrained(s.weights, **placement())
         self.model.eval()
         self.context_length = self.model.config.max_position_embeddings
         self.lock = threading.Lock()
@@ -77,7 +77,7 @@ class ServedModel:
         sampling = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if s.temperature > 0 \
             else {"do_sample": False}
         extra = {"stop_strings": s.stop, "tokenizer": self.tok} if s.stop else {}
-        input_ids = torch.tensor([ids])
+        input_ids = torch.tensor([ids], device=self.model.device)
         with self.lock, torch.no_grad():
             if s.seed is not None:
                 torch.manual_seed(s.seed)

@@ -18,6 +18,7 @@ class Served:
     weights: Path  # the model directory (the base's, when an adapter goes on top)
     tokenizer: Path
     adapter: Path | None = None
+    checkpoint: Path | None = None  # the trained model's checkpoint (None: the quantized export)
 
 
 def model_id(recipe_name: str, manifest_digest: str, scheme: str | None = None) -> str:
@@ -39,6 +40,6 @@ def served(recipe_name: str, manifest: dict, manifest_digest: str, quantized: bo
         return Served(model_id(recipe_name, manifest_digest, scheme), ("quantized",), weights, weights)
     if "adapter/adapter_config.json" in files["checkpoint"]:
         return Served(model_id(recipe_name, manifest_digest), ("checkpoint", "base"),
-                      path("base"), path("base"), path("checkpoint") / "adapter")
+                      path("base"), path("base"), path("checkpoint") / "adapter", path("checkpoint"))
     return Served(model_id(recipe_name, manifest_digest), ("checkpoint", "base"),
-                  path("checkpoint") / "model", path("base"))
+                  path("checkpoint") / "model", path("base"), checkpoint=path("checkpoint"))
