@@ -1,9 +1,10 @@
 """mindxtrain: `doit manifest:<recipe>` builds recipes/<recipe>.yaml; `doit verify` checks receipts.
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
-per recipe (stages/engine/graph.py); verify, show and status are the engine's own tasks.
+per recipe (stages/engine/graph.py); verify, show and status are the engine's own tasks; check
+and serve are actions.
 """
-from stages import check
+from stages import check, serve
 from stages.engine import catalogue, graph, show, status, verify
 from stages.table import STAGES
 
@@ -29,3 +30,7 @@ def task_status():
 
 def task_recipes():
     return catalogue.task()
+
+
+def task_serve():
+    return serve.tasks()

@@ -1,0 +1,124 @@
+"""serve: the recipe's model behind an OpenAI-compatible API, gated by its receipt (an action,
+not an artifact).
+
+`doit serve:<recipe>` serves the trained model (`--quantized`: the quantized export) of the
+recipe's current manifest. Before loading anything it checks every file of the artifacts it
+loads from against the manifest (the stat cache, or every byte with --full) and refuses in one
+line naming the first that differs. The model's id is the recipe and a prefix of the manifest's
+digest. vLLM serves it where vLLM and a GPU are present (serve.engine auto or vllm); elsewhere
+a FastAPI app over transformers' generation (stages/serving/). SIGTERM or Ctrl-C stops it
+cleanly. It does not build: run `doit manifest:<recipe>` first.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+from doit.exceptions import TaskFailed
+
+from stages.engine import graph
+from stages.engine.errors import UserError
+from stages.serving import vllm
+from stages.serving.served import Served, served
+
+
+def checked(recipe_name: str, quantized: bool, full: bool) -> tuple[Served, str]:
+    """What the recipe's manifest serves, once its files match the receipt, and the manifest's
+    digest; raises UserError naming the first file that does not match."""
+    st = graph.store()
+    ptr = st.pointer(recipe_name, "manifest")
+    if ptr is None:
+        raise UserError(f"serve:{recipe_name}: no manifest to serve from; run doit manifest:{recipe_name}")
+    refuse = (f"serve:{recipe_name}: refusing to serve: {{}}, not as manifest {ptr['digest'][:12]} records it; "
+              f"doit verify:{recipe_name} lists every difference, doit manifest:{recipe_name} rebuilds")
+    for problem in st.damage("manifest", ptr["key"], full=full):
+        raise UserError(refuse.format(f"manifest: {problem}"))
+    manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
+    arts = manifest["artifacts"]
+    s = served(recipe_name, manifest, ptr["digest"], quantized, lambda stage: st.path(stage, arts[stage]["key"]))
+    for stage in s.stages:
+        for problem in st.damage(stage, arts[stage]["key"], full=full, files=arts[stage]["files"]):
+            raise UserError(refuse.format(f"{stage}: {problem}"))
+    return s, ptr["digest"]
+
+
+def engine(recipe_name: str, wanted: str) -> str:
+    """vllm where its command and a GPU are here (auto), else transformers; vllm asked for and
+    absent is an error."""
+    import torch
+
+    present = vllm.executable() is not None and torch.cuda.is_available()
+    if wanted == "vllm" and not present:
+        raise UserError(f"serve:{recipe_name}: serve.engine is vllm but no vllm command and GPU are here; install "
+                        f"vLLM in its own environment and set MINDXTRAIN_VLLM to its vllm (README: Serving), "
+                        f"or set serve.engine: transformers")
+    return "vllm" if wanted == "vllm" or (wanted == "auto" and present) else "transformers"
+
+
+def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: int):
+    import uvicorn
+
+    from stages.serving.app import build_app
+    from stages.serving.model import ServedModel
+
+    app = build_app(ServedModel(s), s.model_id, {"manifest": digest})
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers)", flush=True)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again: these
+    # handlers take it then, so the action ends normally (exit 0) instead of being killed.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind
+        return TaskFailed(f"serve:{recipe_name}: cannot listen on {host}:{port} (in use, or not this machine's "
+                          f"address); pass --port or --host, or set serve.port in recipes/{recipe_name}.yaml")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"serve:{recipe_name}: stopped", flush=True)
+    return None
+
+
+def on_vllm(recipe_name: str, s: Served, host: str, port: int):
+    argv = vllm.command(vllm.executable(), s, host, port)
+    print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (vLLM: {' '.join(argv)})", flush=True)
+    proc = subprocess.Popen(argv)
+    previous = {sig: signal.signal(sig, lambda sig, _: proc.send_signal(sig)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return None if rc in (0, -signal.SIGTERM, -signal.SIGINT) else TaskFailed(f"serve:{recipe_name}: vllm exited {rc}")
+
+
+def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool):
+    try:
+        r = graph.recipe(recipe_name)
+        s, digest = checked(recipe_name, quantized, full)
+        backend = engine(recipe_name, r.serve.engine)
+    except UserError as e:
+        return TaskFailed(str(e))
+    host, port = host or r.serve.host, port or r.serve.port
+    if backend == "vllm":
+        return on_vllm(recipe_name, s, host, port)
+    return on_transformers(recipe_name, s, digest, host, port)
+
+
+def tasks():
+    yield {"basename": "serve", "name": None, "doc": "serve the trained (or quantized) model, gated by its manifest"}
+    for name in graph.recipe_names():
+        yield {
+            "basename": "serve", "name": name, "actions": [(run, [name])], "uptodate": [False], "verbosity": 2,
+            "params": [
+                {"name": "host", "long": "host", "type": str, "default": None,
+                 "help": "address to listen on (default: the recipe's serve.host)"},
+                {"name": "port", "long": "port", "type": int, "default": None,
+                 "help": "port to listen on (default: the recipe's serve.port)"},
+                {"name": "quantized", "long": "quantized", "type": bool, "default": False,
+                 "help": "serve the quantized export instead of the trained model"},
+                {"name": "full", "long": "full", "type": bool, "default": False,
+                 "help": "re-read every byte of what is served instead of trusting the stat cache"},
+            ],
+        }
