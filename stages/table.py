@@ -44,4 +44,9 @@ STAGES = {s.name: s for s in [
     Stage("manifest", "stages.manifest", ("",),
           {s: ("*",) for s in ("base", "plan", "shards", "checkpoint", "quantized", "eval")},
           RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything"),
+    Stage("report", "stages.report", (),
+          {"manifest": ("manifest.json",), "eval": ("eval.json",), "shards": ("stats.json", "dropped.jsonl"),
+           "checkpoint": ("metrics.jsonl",)},
+          ("jinja2", "matplotlib"), "report.html: scores, loss curve, data, plan, stages (for people)",
+          runs=("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest")),
 ]}

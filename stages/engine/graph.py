@@ -47,6 +47,7 @@ class Stage:
     packages: tuple[str, ...] = ()
     doc: str = ""
     after: tuple[str, ...] = ()  # actions (doit tasks that store nothing) run before it builds
+    runs: tuple[str, ...] = ()  # upstream stages whose run-time measurements (sidecar "run") it reads
 
 
 def recipe_names() -> list[str]:
@@ -172,6 +173,9 @@ def key_inputs(recipe_name: str, stage: Stage, full: Recipe | None = None) -> di
     }
     if hasattr(mod, "extra_inputs"):  # e.g. data files, device facts
         inputs["extra"] = mod.extra_inputs(r, ROOT, store())
+    if stage.runs:  # measurements are not content, but a stage that shows them depends on them
+        st = store()
+        inputs["runs"] = {up: st.sidecar(up, st.pointer(recipe_name, up)["key"])["run"] for up in stage.runs}
     return inputs
 
 

@@ -1,0 +1,47 @@
+"""report: one self-contained report.html of a build, for people: the scores of base, trained
+and quantized models, the loss curve, what happened to the data (every drop by reason, the first
+dropped rows), the plan's decisions and the probe's measurements, and every stage's key, digest
+and wall time. Built from the manifest and the files it names, plus the stages' run-time
+measurements, which are therefore part of its key (stages/engine/graph.py: Stage.runs).
+`doit report:<recipe>`; the page is at artifacts/<recipe>/latest/report/report.html."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stages.view.report import loss_svg, render
+
+FIRST_DROPPED = 50  # dropped rows listed on the page; dropped.jsonl has them all
+
+
+def build(ctx, out: Path) -> None:
+    up, runs = ctx.upstream, ctx.inputs["runs"]
+    manifest = json.loads((up["manifest"] / "manifest.json").read_text())
+    evaluation = json.loads((up["eval"] / "eval.json").read_text())
+    stats = json.loads((up["shards"] / "stats.json").read_text())
+    steps = [json.loads(line) for line in (up["checkpoint"] / "metrics.jsonl").read_text().splitlines()]
+    dropped = []
+    with open(up["shards"] / "dropped.jsonl") as f:
+        for line, _ in zip(f, range(FIRST_DROPPED)):
+            dropped.append(json.loads(line))
+    models = [(m, evaluation[m]) for m in ("base", "trained", "quantized") if m in evaluation]
+    metrics = sorted({k for _, scores in models for k in scores})
+    measurements = (runs["plan"].get("probe") or {}).get("measurements", [])
+    html = render(
+        recipe=ctx.recipe_name, manifest_digest=ctx.artifacts["manifest"]["digest"],
+        heldout_rows=evaluation.get("heldout_rows"), models=models, metrics=metrics,
+        loss_svg=loss_svg(steps) if steps else "<p>no steps logged</p>", steps=len(steps),
+        first_loss=steps[0]["loss"] if steps else None, last_loss=steps[-1]["loss"] if steps else None,
+        rows_in=sorted(stats["rows_in"].items()), kept=stats["kept"], drops=sorted(stats["dropped"].items()),
+        dropped_rows=dropped, sequences=stats["sequences"], sequence_length=stats["sequence_length"],
+        tokens=stats["tokens"], packing=stats["packing_efficiency"],
+        decisions=sorted((k, json.dumps(v) if isinstance(v, (dict, list)) else v)
+                         for k, v in manifest["plan"].items()),
+        measurements=measurements, probe_columns=sorted({c for m in measurements for c in m}),
+        stages=[{"name": s, "key": a["key"], "digest": a["digest"], "seconds": runs[s].get("seconds")}
+                for s, a in manifest["artifacts"].items()]
+        + [{"name": "manifest", "key": ctx.artifacts["manifest"]["key"],
+            "digest": ctx.artifacts["manifest"]["digest"], "seconds": runs["manifest"].get("seconds")}],
+    )
+    (out / "report.html").write_text(html)
+    ctx.log.info("report.html: %d bytes", len(html))

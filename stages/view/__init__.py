@@ -1,0 +1,1 @@
+"""How a build is shown to people: the HTML report's rendering (the report stage's internals)."""
