@@ -114,7 +114,7 @@ class Remote:
         entry = self.entry(stage, key)
         if entry is None:
             return False
-        meta, where = entry.get("sidecar") or {}, f"{self.entry_path(stage, key)}"
+        meta, where = entry.get("sidecar") or {}, f"{self.url.rstrip('/')}/ac/{stage}/{key}.json"
         files = meta.get("files") or {}
         if entry.get("key") != key or keys.key_of(meta.get("inputs")) != key or merkle(files) != meta.get("digest"):
             raise Rejected(f"{where}: the entry does not match its key {key[:12]} (its inputs or digests were "
