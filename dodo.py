@@ -1,11 +1,11 @@
 """mindxtrain: `doit manifest:<recipe>` builds recipes/<recipe>.yaml; `doit verify` checks receipts.
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
-per recipe (stages/engine/graph.py); verify, show and status are the engine's own tasks; check
-and serve are actions.
+per recipe (stages/engine/graph.py); verify, show, status, push and pull are the engine's own
+tasks; check and serve are actions.
 """
 from stages import check, serve
-from stages.engine import catalogue, graph, show, status, verify
+from stages.engine import catalogue, graph, show, status, sync, verify
 from stages.table import STAGES
 
 DOIT_CONFIG = graph.DOIT_CONFIG
@@ -34,3 +34,11 @@ def task_recipes():
 
 def task_serve():
     return serve.tasks()
+
+
+def task_push():
+    return sync.tasks(STAGES, "push")
+
+
+def task_pull():
+    return sync.tasks(STAGES, "pull")

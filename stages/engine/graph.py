@@ -26,7 +26,7 @@ from pathlib import Path
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from stages.engine import keys
+from stages.engine import keys, remote
 from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
 from stages.engine.errors import UserError
 from stages.engine.recipe import Recipe, check_name, load
@@ -180,13 +180,14 @@ def key_inputs(recipe_name: str, stage: Stage, full: Recipe | None = None) -> di
 
 
 def is_built(recipe_name: str, stage: Stage) -> bool:
-    """doit uptodate: the key's object is in the store and intact (run-cache included)."""
+    """doit uptodate: the key's object is in the store and intact (run-cache included), or a
+    remote cache (MINDXTRAIN_REMOTE) has it and it has been installed."""
     st = store()
     try:
         key = keys.key_of(key_inputs(recipe_name, stage))
     except (UserError, UndeclaredInput):
         return False  # let the action run and report it
-    if st.damage(stage.name, key):
+    if st.damage(stage.name, key) and not remote.fill(st, stage.name, key, f"{stage.name}:{recipe_name}"):
         return False
     st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
     return True

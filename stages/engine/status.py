@@ -1,6 +1,6 @@
 """status: for each recipe, each stage up to date or stale, and for a stale one why, in DVC's
 manner: what changed among the inputs its key is made of (a recipe field, a data file, its
-code, a library version, an upstream artifact), against what the recipe last built. A stage
+code, a library version, an upstream artifact), against what the recipe last built, or that a remote cache (MINDXTRAIN_REMOTE) has it. A stage
 downstream of a stale one waits on it: it rebuilds only if the upstream's bytes change (early
 cutoff), so status does not claim it will. It reads the store; it builds nothing.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from stages.engine import graph, keys
+from stages.engine import graph, keys, remote
 from stages.engine.errors import UserError
 
 
@@ -73,7 +73,10 @@ def lines(recipe_name: str, table: dict) -> list[str]:
             continue
         stale.append(name)
         ptr, before = st.pointer(recipe_name, name), previous_inputs(st, recipe_name, name)
-        if before is None:
+        if where := remote.present(name, key):
+            out.append(f"  {name:<10} missing from the store, present in the remote {where}: "
+                       f"a build fetches it")
+        elif before is None:
             out.append(f"  {name:<10} stale: never built")
         elif ptr["key"] == key:
             out.append(f"  {name:<10} stale: its artifact in the store is damaged ({st.damage(name, key)[0]})")
