@@ -194,13 +194,16 @@ def is_built(recipe_name: str, stage: Stage) -> bool:
 
 
 def _logger(path: Path, name: str) -> logging.Logger:
+    """The stage's log: everything (DEBUG up: per-step lines too) in the file beside the
+    artifact; the console gets INFO, what a person follows a build by."""
     log = logging.getLogger(f"mindxtrain.{name}")
     log.handlers.clear()
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.DEBUG)
     log.propagate = False
     fmt = logging.Formatter("%(asctime)s %(message)s")
-    for h in (logging.FileHandler(path), logging.StreamHandler(sys.stdout)):
+    for h, level in ((logging.FileHandler(path), logging.DEBUG), (logging.StreamHandler(sys.stdout), logging.INFO)):
         h.setFormatter(fmt)
+        h.setLevel(level)
         log.addHandler(h)
     return log
 
@@ -304,14 +307,49 @@ def task_creators(table: dict[str, Stage]) -> dict[str, StageTasks]:
 
 
 class Reporter(ConsoleReporter):
-    """doit's console reporter, but a stage's TaskFailed (bad input) prints as its own lines."""
+    """doit's console reporter, but a stage's TaskFailed (bad input) prints as its own lines,
+    and a run that reached any stage closes with a table: each stage task built or cached, its
+    time, its digest, and where the receipt and the report are."""
 
-    def _write_failure(self, result, write_exception=True):
-        fail = result["exception"]
-        if isinstance(fail, TaskFailed) and not fail.traceback:
-            self.write(f"error: {fail.message}\n" if write_exception else "")
-        else:
-            super()._write_failure(result, write_exception)
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.rows: list[tuple[str, str, float | None]] = []
+        self.started: dict[str, float] = {}
+
+    def execute_task(self, task):
+        self.started[task.name] = time.time()
+        super().execute_task(task)
+
+    def add_success(self, task):
+        super().add_success(task)
+        self.rows.append((task.name, "built", time.time() - self.started.get(task.name, time.time())))
+
+    def add_failure(self, task, fail):
+        super().add_failure(task, fail)
+        self.rows.append((task.name, "FAILED", time.time() - self.started.get(task.name, time.time())))
+
+    def skip_uptodate(self, task):
+        super().skip_uptodate(task)
+        self.rows.append((task.name, "cached", None))
+
+    def complete_run(self):
+        super().complete_run()
+        st, lines, recipes = store(), [], []
+        for name, how, seconds in self.rows:
+            stage, _, recipe_name = name.partition(":")
+            ptr = st.pointer(recipe_name, stage) if recipe_name else None
+            if ptr is None and how != "FAILED":
+                continue  # not a stage task (check, verify, show...)
+            took = f"{seconds:7.1f}s" if seconds is not None else " " * 8
+            lines.append(f"  {name:<24} {how:<7}{took}  {ptr['digest'][:12] if ptr and how != 'FAILED' else ''}")
+            recipes += [recipe_name] if recipe_name not in recipes else []
+        if not lines:
+            return
+        self.write("summary\n" + "\n".join(lines) + "\n")
+        for r in recipes:
+            if st.pointer(r, "manifest"):
+                report = "artifacts/%s/latest/report/report.html" % r if st.pointer(r, "report") else f"doit report:{r}"
+                self.write(f"  {r}: receipt artifacts/{r}/latest/manifest/manifest.json; report {report}\n")
 
 
 (ROOT / "artifacts").mkdir(exist_ok=True)  # doit opens its DB there before any task runs

@@ -99,6 +99,10 @@ PARAMS = [{"name": "remote_url", "long": "remote", "type": str, "default": "",
 
 
 def tasks(table: dict, verb: str):
+    """A recipe's build is what its receipt covers: the manifest and the stages it names (views
+    downstream of it, the report, are rebuilt from them in seconds)."""
+    table = {name: stage for name, stage in table.items()
+             if name == "manifest" or name in table["manifest"].upstream}
     action, doc = {"push": (push, "upload the recipe's current build to the remote cache"),
                    "pull": (pull, "install the recipe's build from the remote cache")}[verb]
     yield {"basename": verb, "name": None, "doc": doc}

@@ -50,9 +50,9 @@ def without_peft(model):
 def apply_checkpointing(model, mode: str) -> None:
     """off, full, or selective: every other decoder layer recomputed in the backward pass."""
     if mode == "off":
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
         return
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if mode == "selective":
         for layer in decoder_layers(model)[1::2]:
             layer.gradient_checkpointing = False

@@ -57,7 +57,7 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
         # bench/step_profile.py); a NaN loss is logged as it is
         save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
         seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
-        bf16=plan["dtype"] == "bfloat16", gradient_checkpointing=False,  # already set on the model
+        bf16=plan["dtype"] == "bfloat16", activation_checkpointing=False,  # already set on the model
         dataloader_num_workers=0, remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True})
     return model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,

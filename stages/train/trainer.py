@@ -37,15 +37,17 @@ def mark_complete_callback():
 
 
 def step_log_callback(log, max_steps: int):
-    """The Trainer's progress bar, with each step's loss written to the stage log
-    (beside the artifact) instead of printed as a raw dict."""
+    """The Trainer's progress bar (steps, ETA) with the loss in it: the one live line on the
+    console; each step's line goes to the stage log beside the artifact only (DEBUG)."""
     from transformers.trainer_callback import ProgressCallback
 
     class StepLog(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                log.info("step %d/%d loss %.4f grad_norm %.4f lr %.3g", state.global_step, max_steps,
-                         logs["loss"], logs.get("grad_norm", float("nan")), logs.get("learning_rate", 0.0))
+                log.debug("step %d/%d loss %.4f grad_norm %.4f lr %.3g", state.global_step, max_steps,
+                          logs["loss"], logs.get("grad_norm", float("nan")), logs.get("learning_rate", 0.0))
+                if self.training_bar is not None:
+                    self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", refresh=False)
 
     return StepLog()
 

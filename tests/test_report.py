@@ -1,0 +1,67 @@
+"""doit report:<recipe>: one self-contained report.html in the store, rendered in headless
+Chromium (Debian's chromium package; .ci/run installs it): the page renders, a screenshot is
+taken, and the text the browser shows holds the numbers the artifacts hold."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import doit, snapshot
+
+CHROMIUM = shutil.which("chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def artifact(project, stage, recipe="tiny"):
+    key = json.loads((project / "artifacts" / recipe / f"{stage}.json").read_text())["key"]
+    return project / "artifacts" / "store" / stage / key
+
+
+def browser(project, *args, tmp_path):
+    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_report_renders_and_says_what_the_artifacts_say(warm, tmp_path):
+    run = doit(warm, "report:tiny")
+    assert run.rc == 0, run.out[-3000:]
+    page = warm / "artifacts" / "tiny" / "latest" / "report" / "report.html"
+    assert page.resolve() == artifact(warm, "report") / "report.html"
+    html = page.read_text()
+    assert "http://" not in html.replace("http://www.w3.org", "") and "<script" not in html  # self-contained
+
+    shot = tmp_path / "report.png"
+    browser(warm, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri(), tmp_path=tmp_path)
+    assert shot.stat().st_size > 10_000
+    dom = browser(warm, "--dump-dom", page.as_uri(), tmp_path=tmp_path)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+
+    evaluation = json.loads((artifact(warm, "eval") / "eval.json").read_text())
+    for model in ("base", "trained", "quantized"):
+        row = re.search(rf"{model} ((?:[-\d.,e+]+ ?)+)", text)
+        assert row, (model, text[:2000])
+        shown = [float(v.replace(",", "")) for v in row.group(1).split()]
+        expected = [evaluation[model][m] for m in sorted(evaluation[model])]
+        assert shown == pytest.approx(expected, rel=1e-3), (model, shown, expected)
+    stats = json.loads((artifact(warm, "shards") / "stats.json").read_text())
+    assert stats["dropped"], "tiny's data has drops to show"
+    for reason, count in stats["dropped"].items():
+        assert f"{reason} {count:,}" in text
+    manifest_digest = json.loads((warm / "artifacts" / "tiny" / "manifest.json").read_text())["digest"]
+    assert manifest_digest in text
+    for stage in ("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"):
+        key = json.loads((warm / "artifacts" / "tiny" / f"{stage}.json").read_text())["key"]
+        assert key in text
+    assert "<svg" in html and "learning rate" in text  # the loss curve, drawn
+
+    before = snapshot(warm)
+    again = doit(warm, "report:tiny")
+    assert again.rc == 0 and "report:tiny" not in again.ran and snapshot(warm) == before  # cached
