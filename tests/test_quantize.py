@@ -145,3 +145,17 @@ def test_no_scheme_builds_no_export_and_eval_scores_the_rest(warm):
     assert "quantized" not in evaluation and evaluation["quantization_cost"] == {}
     assert evaluation["trained"]["size_bytes"] > 0
     assert json.loads((artifact(warm, "manifest") / "manifest.json").read_text())["quantized"] == {}
+
+
+def test_serve_picks_a_scheme_export_first_listed_by_default(tmp_path):
+    from stages.serving.served import served
+
+    manifest = {"recipe": {"quantize": {"scheme": ["mxfp4", "fp8"]}},
+                "artifacts": {"quantized": {"files": {"fp8/config.json": "a", "mxfp4/config.json": "b", "score.json": "c"}},
+                              "checkpoint": {"files": {}}}}
+    path = lambda stage: tmp_path / stage  # noqa: E731
+    first = served("r", manifest, "d" * 64, True, path)
+    assert (first.model_id, first.weights) == (f"r-{'d' * 12}-mxfp4", tmp_path / "quantized" / "mxfp4")
+    assert served("r", manifest, "d" * 64, True, path, "fp8").weights == tmp_path / "quantized" / "fp8"
+    with pytest.raises(UserError, match="serve:r: no int4 export: recipes/r.yaml quantizes to mxfp4, fp8; pick one"):
+        served("r", manifest, "d" * 64, True, path, "int4")
