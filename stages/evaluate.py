@@ -1,9 +1,12 @@
-"""eval: score the base, trained and quantized models with lm-eval on the held-out split.
+"""eval: score the base, trained and quantized models (one per scheme) with lm-eval on the
+held-out split, and say what each one's weights take on disk.
 
 Two local tasks built from shards/heldout/heldout.jsonl, no hub access: exact
 match of the greedy answer to the reference (prompt rendered with the model's
 chat template), and per-token perplexity of the reference answer and its
-end-of-turn token given the prompt: the tokens training puts loss on. Scoring the base model too makes eval.json show the gain.
+end-of-turn token given the prompt: the tokens training puts loss on. Scoring the base model too
+makes eval.json show the gain; scoring each quantized model beside the trained one, with its size
+(size_bytes: the weight files), shows what each scheme costs in accuracy for what it saves.
 """
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import json
 from pathlib import Path
 
 from stages.data.render import render
-from stages.model.trained import device, load_trained, placement
+from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
+
+METRICS = ("exact_match", "perplexity")
 
 
 def extra_inputs(recipe, root: Path, store) -> dict:
@@ -101,24 +106,31 @@ def build(ctx, out: Path) -> None:
     settings = ctx.recipe.eval
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
     docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
-    models = {
-        "base": lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["base"], **placement()),
-        "trained": lambda: load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]),
-    }
-    if (ctx.upstream["quantized"] / "model").is_dir():
-        models["quantized"] = lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["quantized"] / "model", **placement())
+    base, checkpoint, quantized = ctx.upstream["base"], ctx.upstream["checkpoint"], ctx.upstream["quantized"]
     report = {"heldout_rows": len(docs), "settings": settings.model_dump(mode="json")}
-    for name, load in models.items():
+    models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
+        (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
+        (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
+    ]
+    for scheme in sorted(d.name for d in quantized.iterdir() if d.is_dir()):
+        export = quantized / scheme
+        models.append((report.setdefault("quantized", {}), scheme,
+                       lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
+    for where, name, load, size in models:
         ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
-        report[name] = score(load(), tok, docs, settings)
-        ctx.log.info("%s: %s", name, report[name])
-    report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"]}
+        where[name] = {**score(load(), tok, docs, settings), "size_bytes": size}
+        ctx.log.info("%s: %s", name, where[name])
+    report["gain"] = {m: report["trained"][m] - report["base"][m] for m in METRICS}
+    report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in METRICS}
+                                   for scheme, q in report.get("quantized", {}).items()}
     (out / "eval.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
 
 
 def summary(path: Path) -> list[str]:
-    """eval.json's scores, for `doit show`."""
+    """eval.json's scores and sizes, for `doit show`."""
     report = json.loads((path / "eval.json").read_text())
-    models = [m for m in ("base", "trained", "quantized") if m in report]
+    models = [(m, report[m]) for m in ("base", "trained") if m in report]
+    models += [(f"quantized {s}", q) for s, q in report.get("quantized", {}).items()]
     return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(
-        f"{m} exact match {report[m]['exact_match']:.3f}, perplexity {report[m]['perplexity']:.2f}" for m in models)]
+        f"{m} exact match {r['exact_match']:.3f}, perplexity {r['perplexity']:.2f}, "
+        f"{r['size_bytes']:,} bytes" for m, r in models)]

@@ -1,5 +1,6 @@
 """manifest: the receipt. BLAKE3 of every file of every artifact, the recipe, the plan
-decisions, package versions and hardware facts, in one canonical JSON file.
+decisions, package versions and hardware facts, and each quantized export's scheme as its
+config.json states it, in one canonical JSON file.
 
 Built only from deterministic content, so two clean builds give the same manifest. The
 versions it records are its own key's (the stage table's RECEIPT_PACKAGES), so a new
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from stages.model.quantize import described
 
 
 def build(ctx, out: Path) -> None:
@@ -22,6 +25,8 @@ def build(ctx, out: Path) -> None:
         "plan": plan["decisions"],
         "hardware": plan["facts"],
         "versions": ctx.inputs["env"],
+        "quantized": {d.name: described(json.loads((d / "config.json").read_text())["quantization_config"])
+                      for d in sorted(ctx.upstream["quantized"].iterdir()) if d.is_dir()},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     ctx.log.info("manifest of %d artifacts", len(artifacts))

@@ -1,20 +1,22 @@
-"""quantized: AMD Quark FP8 (E4M3) export in Hugging Face format, LoRA merged first.
+"""quantized: AMD Quark exports in Hugging Face format, one per scheme the recipe asks for
+(`quantize.scheme`: fp8, mxfp4, or a list of them to compare), LoRA merged first.
 
-Weights and activations are quantized per tensor, activations statically from
-calibration sequences taken from the training shards. The export reloads with
-plain transformers (its Quark integration). score.json is a quick check of the export, not
-an evaluation: the training loss (assistant tokens, as training computes it) of the trained
-model before and after quantization on the packed training sequences that follow the
-calibration ones, and how far the logits moved. The quantized model's held-out scores beside
-the base and trained models' are in eval.json.
+Each scheme's export is the directory `<scheme>/` (config.json with Quark's
+quantization_config, safetensors, tokenizer), quantized from the trained model afresh, so one
+scheme's bytes never depend on which others are listed; calibration sequences come from the
+training shards (stages/model/quantize.py says what each scheme does). score.json is a quick
+check of each export, not an evaluation: the training loss (assistant tokens, as training
+computes it) of the trained model before and after quantization on the packed training
+sequences that follow the calibration ones, and how far the logits moved. Held-out scores and
+sizes on disk of the base, trained and quantized models side by side are in eval.json.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from stages.data import packed
+from stages.model import quantize
 from stages.model.trained import device, load_trained, placement
 from stages.engine.errors import UserError
 
@@ -39,20 +41,21 @@ def sequences(shards: Path, first: int, count: int):
 
 
 def build(ctx, out: Path) -> None:
-    if ctx.recipe.quantize.scheme == "none":
-        (out / "score.json").write_text('{"scheme": "none"}\n')
+    schemes = ctx.recipe.quantize.schemes
+    if not schemes:
+        (out / "score.json").write_text('{"schemes": {}}\n')
         return
-    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # same bytes, no C++/inductor build at run time
     import torch
-    from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.manual_seed(0)
     n = ctx.recipe.quantize.calibration_sequences
-    calib = sequences(ctx.upstream["shards"], 0, n)
+    calib = [ids for ids, _, _ in sequences(ctx.upstream["shards"], 0, n)]
     checked = sequences(ctx.upstream["shards"], n, CHECKED)
-    model = load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]).eval()
-    model.config.use_cache = False
+
+    def trained():
+        model = load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]).eval()
+        model.config.use_cache = False
+        return model
 
     @torch.no_grad()
     def measure(m):
@@ -64,24 +67,23 @@ def build(ctx, out: Path) -> None:
             logits.append(o.logits.float().cpu())
         return sum(losses) / len(losses), torch.cat(logits)
 
-    loss_ref, logits_ref = measure(model)
-    ctx.log.info("quantizing to %s with %d calibration sequences", ctx.recipe.quantize.scheme, len(calib))
-    config = LLMTemplate.get(model.config.model_type).get_config(scheme=ctx.recipe.quantize.scheme)
-    model = ModelQuantizer(config).quantize_model(model, [ids.to(model.device) for ids, _, _ in calib])
-    model = ModelQuantizer.freeze(model)
-    export_safetensors(model, out / "model", custom_mode="quark", weight_format="real_quantized")
-    AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / "model")
-
-    reloaded = AutoModelForCausalLM.from_pretrained(out / "model", **placement()).eval()
-    loss_q, logits_q = measure(reloaded)
+    loss_ref, logits_ref = measure(trained())
     score = {
-        "scheme": ctx.recipe.quantize.scheme,
         "checked_on": {"shard": f"train/{FIRST_SHARD}", "first_sequence": n, "sequences": len(checked),
                        "what": "packed training sequences after the calibration ones; loss on assistant "
                                "tokens, as training computes it (held-out scores: eval.json)"},
         "train_loss_unquantized": round(loss_ref, 6),
-        "train_loss_quantized": round(loss_q, 6),
-        "logits_relative_error": round(((logits_q - logits_ref).norm() / logits_ref.norm()).item(), 6),
+        "schemes": {},
     }
+    for scheme in schemes:
+        ctx.log.info("quantizing to %s with %d calibration sequences", scheme, len(calib))
+        torch.manual_seed(0)
+        quantize.export(trained(), scheme, calib, out / scheme)
+        AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / scheme)
+        loss_q, logits_q = measure(AutoModelForCausalLM.from_pretrained(out / scheme, **placement()).eval())
+        score["schemes"][scheme] = {
+            "train_loss_quantized": round(loss_q, 6),
+            "logits_relative_error": round(((logits_q - logits_ref).norm() / logits_ref.norm()).item(), 6),
+        }
+        ctx.log.info("%s: quantized loss %.4f vs %.4f unquantized", scheme, loss_q, loss_ref)
     (out / "score.json").write_text(json.dumps(score, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("quantized loss %.4f vs %.4f unquantized", loss_q, loss_ref)

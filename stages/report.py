@@ -24,7 +24,8 @@ def build(ctx, out: Path) -> None:
     with open(up["shards"] / "dropped.jsonl") as f:
         for line, _ in zip(f, range(FIRST_DROPPED)):
             dropped.append(json.loads(line))
-    models = [(m, evaluation[m]) for m in ("base", "trained", "quantized") if m in evaluation]
+    models = [(m, evaluation[m]) for m in ("base", "trained") if m in evaluation]
+    models += [(f"quantized {s}", q) for s, q in evaluation.get("quantized", {}).items()]
     metrics = sorted({k for _, scores in models for k in scores})
     measurements = (runs["plan"].get("probe") or {}).get("measurements", [])
     html = render(

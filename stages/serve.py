@@ -23,7 +23,7 @@ from stages.serving import vllm
 from stages.serving.served import Served, served
 
 
-def checked(recipe_name: str, quantized: bool, full: bool) -> tuple[Served, str]:
+def checked(recipe_name: str, quantized: bool, full: bool, scheme: str | None = None) -> tuple[Served, str]:
     """What the recipe's manifest serves, once its files match the receipt, and the manifest's
     digest; raises UserError naming the first file that does not match."""
     st = graph.store()
@@ -36,7 +36,7 @@ def checked(recipe_name: str, quantized: bool, full: bool) -> tuple[Served, str]
         raise UserError(refuse.format(f"manifest: {problem}"))
     manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
     arts = manifest["artifacts"]
-    s = served(recipe_name, manifest, ptr["digest"], quantized, lambda stage: st.path(stage, arts[stage]["key"]))
+    s = served(recipe_name, manifest, ptr["digest"], quantized, lambda stage: st.path(stage, arts[stage]["key"]), scheme)
     for stage in s.stages:
         for problem in st.damage(stage, arts[stage]["key"], full=full, files=arts[stage]["files"]):
             raise UserError(refuse.format(f"{stage}: {problem}"))
@@ -93,10 +93,10 @@ def on_vllm(recipe_name: str, s: Served, host: str, port: int):
     return None if rc in (0, -signal.SIGTERM, -signal.SIGINT) else TaskFailed(f"serve:{recipe_name}: vllm exited {rc}")
 
 
-def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool):
+def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool, scheme: str | None):
     try:
         r = graph.recipe(recipe_name)
-        s, digest = checked(recipe_name, quantized, full)
+        s, digest = checked(recipe_name, quantized, full, scheme)
         backend = engine(recipe_name, r.serve.engine)
     except UserError as e:
         return TaskFailed(str(e))
@@ -118,6 +118,8 @@ def tasks():
                  "help": "port to listen on (default: the recipe's serve.port)"},
                 {"name": "quantized", "long": "quantized", "type": bool, "default": False,
                  "help": "serve the quantized export instead of the trained model"},
+                {"name": "scheme", "long": "scheme", "type": str, "default": None,
+                 "help": "with --quantized: which scheme's export (default: the first quantize.scheme lists)"},
                 {"name": "full", "long": "full", "type": bool, "default": False,
                  "help": "re-read every byte of what is served instead of trusting the stat cache"},
             ],

@@ -52,7 +52,7 @@ def test_lora_recipe_builds_a_standard_peft_adapter(built_lora):
     assert not torch.allclose(model(input_ids=ids).logits, before)
     evaluation = json.loads((artifact(warm, "eval", "tiny_lora") / "eval.json").read_text())
     assert evaluation["trained"]["perplexity"] < evaluation["base"]["perplexity"]
-    quant = json.loads((artifact(warm, "quantized", "tiny_lora") / "model" / "config.json").read_text())
+    quant = json.loads((artifact(warm, "quantized", "tiny_lora") / "fp8" / "config.json").read_text())
     assert "fp8" in json.dumps(quant["quantization_config"]).lower()
     assert doit(warm, "verify").rc == 0
 

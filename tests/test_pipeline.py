@@ -17,13 +17,13 @@ def artifact(project: Path, stage: str, recipe="tiny") -> Path:
 
 def test_fresh_build_makes_every_artifact(built):
     evaluation = json.loads((artifact(built, "eval") / "eval.json").read_text())
-    for model in ("base", "trained", "quantized"):
-        assert set(evaluation[model]) >= {"exact_match", "perplexity"}
+    for model in (evaluation["base"], evaluation["trained"], evaluation["quantized"]["fp8"]):
+        assert set(model) == {"exact_match", "perplexity", "size_bytes"}
     assert evaluation["trained"]["perplexity"] < evaluation["base"]["perplexity"]
     steps = [json.loads(l) for l in (artifact(built, "checkpoint") / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) == 150
     assert steps[-1]["loss"] < steps[0]["loss"]
-    quant = json.loads((artifact(built, "quantized") / "model" / "config.json").read_text())
+    quant = json.loads((artifact(built, "quantized") / "fp8" / "config.json").read_text())
     assert "fp8" in json.dumps(quant["quantization_config"]).lower()
     manifest = json.loads((artifact(built, "manifest") / "manifest.json").read_text())
     assert set(manifest["artifacts"]) == ALL_STAGES - {"manifest"}
@@ -185,9 +185,10 @@ def test_results_are_where_people_look(warm):
     run = doit(warm, "show:tiny")
     assert run.rc == 0, run.out
     evaluation = json.loads((latest / "eval" / "eval.json").read_text())
-    for model in ("base", "trained", "quantized"):
-        assert f"{model} exact match {evaluation[model]['exact_match']:.3f}, " \
-               f"perplexity {evaluation[model]['perplexity']:.2f}" in run.out
+    for name, model in [("base", evaluation["base"]), ("trained", evaluation["trained"]),
+                        ("quantized fp8", evaluation["quantized"]["fp8"])]:
+        assert f"{name} exact match {model['exact_match']:.3f}, perplexity {model['perplexity']:.2f}, " \
+               f"{model['size_bytes']:,} bytes" in run.out
     for stage in ALL_STAGES:
         ptr = pointer(warm, stage)
         assert f"key {ptr['key'][:12]}  digest {ptr['digest'][:12]}  artifacts/tiny/latest/{stage}/" in run.out
@@ -195,7 +196,7 @@ def test_results_are_where_people_look(warm):
     assert f"dropped: exact_duplicate {stats['dropped']['exact_duplicate']}" in run.out
     score = json.loads((latest / "quantized" / "score.json").read_text())
     assert score["checked_on"]["sequences"] == 8 and "heldout_sequences" not in score
-    assert abs(score["train_loss_quantized"] - score["train_loss_unquantized"]) < 0.05  # FP8 barely moves it
+    assert abs(score["schemes"]["fp8"]["train_loss_quantized"] - score["train_loss_unquantized"]) < 0.05  # FP8 barely moves it
     last = json.loads((latest / "checkpoint" / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
     assert score["train_loss_unquantized"] < 2 * last  # the training loss it names, not a loss on every token
 

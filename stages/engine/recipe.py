@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path, PurePath, PureWindowsPath
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stages.engine.errors import UserError
 
@@ -169,9 +169,29 @@ class EvalSection(Section):
     batch_size: int = Field(16, gt=0)
 
 
+SCHEMES = ("fp8", "mxfp4")  # Quark's scheme names: FP8 E4M3 per tensor, OCP MXFP4 (FP4 in blocks of 32, E8M0 scales)
+
+
 class QuantizeSection(Section):
-    scheme: Literal["fp8", "none"] = "fp8"
+    """One Quark scheme, several to compare (each exported and scored beside the others), or none."""
+    scheme: Union[Literal["fp8", "mxfp4", "none"], list[Literal["fp8", "mxfp4"]]] = "fp8"
     calibration_sequences: int = Field(16, gt=0)
+
+    @field_validator("scheme", mode="before")
+    @classmethod
+    def known_and_distinct(cls, value):
+        """One clear line for a bad scheme, instead of one error per branch of the union."""
+        names = value if isinstance(value, list) else [value]
+        wrong = [v for v in names if v not in SCHEMES and not (v == "none" and not isinstance(value, list))]
+        if wrong or not names or len(set(names)) < len(names):
+            raise ValueError(f"{value!r}: give one of {', '.join(SCHEMES)}, a list of them (each once), or none")
+        return value
+
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        """The schemes to export, in the recipe's order (none for 'none')."""
+        scheme = self.scheme
+        return () if scheme == "none" else (scheme,) if isinstance(scheme, str) else tuple(scheme)
 
 
 class ServeSection(Section):

@@ -1,6 +1,6 @@
 """The trained model as a plain transformers model, for every stage downstream of training
 (quantized, eval): full weights as saved, or the base with the PEFT adapter merged in, placed
-where those stages run it (placement)."""
+where those stages run it (placement); and what a model's weights take on disk."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,3 +47,16 @@ def load_trained(checkpoint: Path, base: Path):
         model = AutoModelForCausalLM.from_pretrained(base, **placement(), **dequantized(base))
         return PeftModel.from_pretrained(model, checkpoint / "adapter").merge_and_unload()
     return AutoModelForCausalLM.from_pretrained(checkpoint / "model", **placement())
+
+
+def size_on_disk(*directories: Path) -> int:
+    """Bytes of the weight files (*.safetensors) a model loads from these directories: what a
+    scheme saves on disk and in memory, apart from the config and tokenizer every model shares."""
+    return sum(p.stat().st_size for d in directories for p in sorted(d.glob("*.safetensors")))
+
+
+def trained_size_on_disk(checkpoint: Path, base: Path) -> int:
+    """size_on_disk of the trained model as load_trained loads it: full weights, or base + adapter."""
+    if (checkpoint / "adapter").is_dir():
+        return size_on_disk(base, checkpoint / "adapter")
+    return size_on_disk(checkpoint / "model")

@@ -28,15 +28,21 @@ def model_id(recipe_name: str, manifest_digest: str, scheme: str | None = None) 
 
 
 def served(recipe_name: str, manifest: dict, manifest_digest: str, quantized: bool,
-           path: Callable[[str], Path]) -> Served:
-    """The model a recipe's manifest serves; `path(stage)` is that stage's object in the store."""
+           path: Callable[[str], Path], scheme: str | None = None) -> Served:
+    """The model a recipe's manifest serves; `path(stage)` is that stage's object in the store.
+    The quantized model is the export of `scheme`, by default the first the recipe lists."""
     files = {stage: art["files"] for stage, art in manifest["artifacts"].items()}
     if quantized:
-        scheme = manifest["recipe"]["quantize"]["scheme"]
-        if scheme == "none" or "model/config.json" not in files["quantized"]:
-            raise UserError(f"serve:{recipe_name}: recipes/{recipe_name}.yaml has quantize.scheme {scheme}: "
+        asked = manifest["recipe"]["quantize"]["scheme"]
+        exported = [s for s in ([asked] if isinstance(asked, str) else asked) if f"{s}/config.json" in files["quantized"]]
+        if not exported:
+            raise UserError(f"serve:{recipe_name}: recipes/{recipe_name}.yaml has quantize.scheme {asked}: "
                             f"no quantized model to serve; drop --quantized or set quantize.scheme")
-        weights = path("quantized") / "model"
+        scheme = scheme or exported[0]
+        if scheme not in exported:
+            raise UserError(f"serve:{recipe_name}: no {scheme} export: recipes/{recipe_name}.yaml quantizes to "
+                            f"{', '.join(exported)}; pick one of them with --scheme (or add {scheme} to quantize.scheme)")
+        weights = path("quantized") / scheme
         return Served(model_id(recipe_name, manifest_digest, scheme), ("quantized",), weights, weights)
     if "adapter/adapter_config.json" in files["checkpoint"]:
         return Served(model_id(recipe_name, manifest_digest), ("checkpoint", "base"),
