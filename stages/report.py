@@ -23,7 +23,10 @@ def build(ctx, out: Path) -> None:
     dropped = []
     with open(up["shards"] / "dropped.jsonl") as f:
         for line, _ in zip(f, range(FIRST_DROPPED)):
-            dropped.append(json.loads(line))
+            row = json.loads(line)
+            first = row.get("duplicate_of") or {}
+            row["duplicate_of"] = f"{first.get('source')}:{first.get('line') or first.get('row')}" if first else ""
+            dropped.append(row)
     models = [(m, evaluation[m]) for m in ("base", "trained") if m in evaluation]
     models += [(f"quantized {s}", q) for s, q in evaluation.get("quantized", {}).items()]
     metrics = sorted({k for _, scores in models for k in scores})

@@ -45,12 +45,13 @@ def test_the_report_renders_and_says_what_the_artifacts_say(warm, tmp_path):
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
 
     evaluation = json.loads((artifact(warm, "eval") / "eval.json").read_text())
-    for model in ("base", "trained", "quantized"):
+    models = {"base": evaluation["base"], "trained": evaluation["trained"],
+              **{f"quantized {s}": q for s, q in evaluation["quantized"].items()}}
+    for model, scores in models.items():
         row = re.search(rf"{model} ((?:[-\d.,e+]+ ?)+)", text)
         assert row, (model, text[:2000])
         shown = [float(v.replace(",", "")) for v in row.group(1).split()]
-        expected = [evaluation[model][m] for m in sorted(evaluation[model])]
-        assert shown == pytest.approx(expected, rel=1e-3), (model, shown, expected)
+        assert shown == pytest.approx([scores[m] for m in sorted(scores)], rel=1e-3), (model, shown, scores)
     stats = json.loads((artifact(warm, "shards") / "stats.json").read_text())
     assert stats["dropped"], "tiny's data has drops to show"
     for reason, count in stats["dropped"].items():

@@ -41,7 +41,7 @@ verify with <code>doit verify:{{ recipe }}</code></p>
 </table>
 {% if dropped_rows %}<p>First dropped rows (all of them: <code>shards/dropped.jsonl</code>):</p>
 <table id="dropped-rows"><tr><th>source</th><th>row</th><th>reason</th><th>duplicate of</th></tr>
-{% for d in dropped_rows %}<tr><td>{{ d.source }}</td><td class="n">{{ d.line or d.row }}</td><td>{{ d.reason }}</td><td>{{ d.duplicate_of or "" }}</td></tr>
+{% for d in dropped_rows %}<tr><td>{{ d.source }}</td><td class="n">{{ d.line or d.row }}</td><td>{{ d.reason }}</td><td>{{ d.duplicate_of }}</td></tr>
 {% endfor %}</table>{% endif %}
 <p>{{ sequences }} packed sequences of {{ sequence_length }} tokens, {{ tokens }} tokens, packing efficiency {{ fmt(packing) }}.</p>
 
