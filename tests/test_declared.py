@@ -205,8 +205,8 @@ def test_a_stage_key_covers_the_code_it_runs_and_nothing_else(warm):
 def test_the_device_that_runs_a_model_is_in_the_keys_of_the_stages_that_run_one():
     """quantized and eval run on a GPU in bf16 where there is one, on the CPU in fp32 otherwise:
     different bytes from the same inputs, so the device is part of their keys (and the plan's)."""
-    from stages.engine import graph
+    from stages import evaluate, plan, quantized
+    from stages.engine.recipe import HardwareSection
 
-    for name in ("plan", "quantized", "eval"):
-        extra = graph.key_inputs("tiny", STAGES[name])["extra"]
-        assert (extra.get("device") or extra["facts"]["device"]) == "cpu", (name, extra)
+    assert quantized.extra_inputs(None, REPO, None) == evaluate.extra_inputs(None, REPO, None) == {"device": "cpu"}
+    assert plan.device_facts(HardwareSection(profile="cpu"))["device"] == "cpu"
