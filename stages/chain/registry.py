@@ -66,7 +66,8 @@ def already_anchored(revert: bytes | str) -> dict | None:
     data = bytes.fromhex(revert.removeprefix("0x")) if isinstance(revert, str) else bytes(revert)
     if data[:4] != Web3.keccak(text=f"AlreadyAnchored({','.join(types)})")[:4]:
         return None
-    return dict(zip([i["name"] for i in spec["inputs"]], decode(types, data[4:])))
+    found = dict(zip([i["name"] for i in spec["inputs"]], decode(types, data[4:])))
+    return {**found, "submitter": Web3.to_checksum_address(found["submitter"])}
 
 
 def record(w3: Web3, address: str, digest: bytes) -> dict | None:

@@ -48,8 +48,9 @@ class Stage:
     doc: str = ""
     after: tuple[str, ...] = ()  # actions (doit tasks that store nothing) run before it builds
     runs: tuple[str, ...] = ()  # upstream stages whose run-time measurements (sidecar "run") it reads
-    # recipe paths the build may read that say how to reach the world (a node's URL, where the
-    # signing key is), not what the artifact holds: outside the key (anchor's RPC URL)
+    # recipe paths the build may read that do not decide its artifact, kept out of the key: how to
+    # reach the world (a node's URL, where the signing key is), or what the first write of a
+    # write-once record says (anchor's uri: anchor.json holds what the chain holds)
     settings: tuple[str, ...] = ()
 
 
