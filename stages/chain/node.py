@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from web3 import Web3
 
+from stages.chain import registry
 from stages.engine.errors import UserError
 
 ENV = {"rpc_url": "MINDXTRAIN_ANCHOR_RPC_URL", "registry": "MINDXTRAIN_ANCHOR_REGISTRY",
@@ -63,8 +64,6 @@ def connect(rpc_url: str, chain_id: int) -> Web3:
 def open_registry(section, chain_id, address, task: str) -> Web3:
     """A connection to the registry's chain, the registry's code checked; or one line saying
     what is missing (no RPC configured: nothing is contacted, nothing changes)."""
-    from stages.chain import registry
-
     rpc_url = setting(section, "rpc_url")
     if rpc_url is None:
         raise UserError(f"{task}: no RPC configured (anchor.rpc_url in the recipe, or {ENV['rpc_url']})")
