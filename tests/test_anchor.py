@@ -189,7 +189,7 @@ def test_anchor_and_verify_through_a_json_rpc_node(warm, anvil):
     recipe = warm / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text() + f"\nanchor:\n  rpc_url: {url}\n  chain_id: 31337\n  uri: s3://models/tiny\n")
     env = {"MINDXTRAIN_ANCHOR_REGISTRY": address.lower(), "MINDXTRAIN_ANCHOR_KEY": keys[1],
-           "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
     run = doit(warm, "anchor:tiny", env=env)
     assert run.rc == 0, run.out[-3000:]
