@@ -187,8 +187,9 @@ def test_anchor_and_verify_through_a_json_rpc_node(warm, anvil):
     deployer, submitter = Account.from_key(keys[0]), Account.from_key(keys[1])
     address = registry.deploy(w3, deployer)
     recipe = warm / "recipes" / "tiny.yaml"
-    recipe.write_text(recipe.read_text() + f"\nanchor:\n  rpc_url: {url}\n  chain_id: 31337\n  uri: s3://models/tiny\n")
-    env = {"MINDXTRAIN_ANCHOR_REGISTRY": address.lower(), "MINDXTRAIN_ANCHOR_KEY": keys[1],
+    recipe.write_text(recipe.read_text() + f"\nanchor:\n  rpc_url: {url}\n  uri: s3://models/tiny\n")
+    env = {"MINDXTRAIN_ANCHOR_REGISTRY": address.lower(), "MINDXTRAIN_ANCHOR_CHAIN_ID": "31337",
+           "MINDXTRAIN_ANCHOR_KEY": keys[1],
            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
     run = doit(warm, "anchor:tiny", env=env)
@@ -214,6 +215,14 @@ def test_anchor_and_verify_through_a_json_rpc_node(warm, anvil):
     recipe.write_text(recipe.read_text().replace(url, url.replace("127.0.0.1", "localhost")))
     run = doit(warm, "anchor:tiny", env=env)
     assert run.rc == 0 and "anchor" not in run.stages_ran() and w3.eth.block_number == height, run.out[-2000:]
+
+    # a node on another chain, or an address that is not this registry: refused, nothing changes
+    before = snapshot(warm)
+    run = doit(warm, "anchor:tiny", env={**env, "MINDXTRAIN_ANCHOR_CHAIN_ID": "1"})
+    assert run.rc != 0 and "is on chain 31337, not anchor.chain_id 1" in run.out, run.out[-2000:]
+    run = doit(warm, "anchor:tiny", env={**env, "MINDXTRAIN_ANCHOR_REGISTRY": deployer.address})
+    assert run.rc != 0 and f"{deployer.address} on chain 31337 is not an AnchorRegistry" in run.out, run.out[-2000:]
+    assert "nothing was anchored" in run.out and snapshot(warm) == before and w3.eth.block_number == height
 
     # anchoring the same digest again is refused by the contract itself, with its custom error
     with pytest.raises(ContractCustomError) as again:
