@@ -13,7 +13,7 @@ globals().update(graph.task_creators(STAGES))
 
 
 def task_verify():
-    return verify.tasks()
+    return verify.tasks(STAGES)
 
 
 def task_show():

@@ -4,7 +4,9 @@ config.json states it, in one canonical JSON file.
 
 Built only from deterministic content, so two clean builds give the same manifest. The
 versions it records are its own key's (the stage table's RECEIPT_PACKAGES), so a new
-version of any of them makes a new receipt.
+version of any of them makes a new receipt. The recipe's anchor: section is left out: where
+the receipt is anchored is no part of what it proves (anchor.json says it), so editing it
+gives the same manifest, and an RPC URL never lands in the receipt.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def build(ctx, out: Path) -> None:
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())
     manifest = {
         "recipe_name": ctx.recipe_name,
-        "recipe": ctx.recipe.model_dump(mode="json"),
+        "recipe": ctx.recipe.model_dump(mode="json", exclude={"anchor"}),
         "artifacts": artifacts,
         "plan": plan["decisions"],
         "hardware": plan["facts"],

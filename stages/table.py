@@ -49,4 +49,7 @@ STAGES = {s.name: s for s in [
            "checkpoint": ("metrics.jsonl",)},
           ("jinja2", "matplotlib"), "report.html: scores, loss curve, data, plan, stages (for people)",
           runs=("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest")),
+    Stage("anchor", "stages.anchor", ("anchor.registry", "anchor.chain_id"), {"manifest": ("manifest.json",)}, (),
+          "anchor.json: the manifest's digest anchored in a write-once registry on a chain",
+          settings=("anchor.rpc_url", "anchor.keystore", "anchor.uri")),
 ]}

@@ -48,6 +48,10 @@ class Stage:
     doc: str = ""
     after: tuple[str, ...] = ()  # actions (doit tasks that store nothing) run before it builds
     runs: tuple[str, ...] = ()  # upstream stages whose run-time measurements (sidecar "run") it reads
+    # recipe paths the build may read that do not decide its artifact, kept out of the key: how to
+    # reach the world (a node's URL, where the signing key is), or what the first write of a
+    # write-once record says (anchor's uri: anchor.json holds what the chain holds)
+    settings: tuple[str, ...] = ()
 
 
 def recipe_names() -> list[str]:
@@ -257,7 +261,7 @@ def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str) -> None:
         log.info("building %s:%s key=%s", stage.name, recipe_name, key)
         artifacts = upstream_artifacts(recipe_name, stage)
         upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
-        ctx = Context(recipe_name, recipe_view(recipe(recipe_name), stage.params, stage.name), ROOT, key,
+        ctx = Context(recipe_name, recipe_view(recipe(recipe_name), stage.params + stage.settings, stage.name), ROOT, key,
                       inputs, upstream, artifacts, st.work_dir(stage.name, key), log)
         start = time.time()
         module(stage).build(ctx, tmp)

@@ -200,6 +200,19 @@ class ServeSection(Section):
     port: int = Field(8000, gt=0, lt=65536)
 
 
+class AnchorSection(Section):
+    """Where `doit anchor:<recipe>` records the manifest's digest: a registry contract
+    (contracts/AnchorRegistry.sol) on the chain `chain_id`, reached at `rpc_url`. Each of these
+    may come from the environment instead (MINDXTRAIN_ANCHOR_RPC_URL, _REGISTRY, _CHAIN_ID,
+    _KEYSTORE). The signing key is never here: MINDXTRAIN_ANCHOR_KEY, or the encrypted keystore
+    file `keystore` names with its password in MINDXTRAIN_ANCHOR_PASSWORD."""
+    rpc_url: Optional[str] = None
+    registry: Optional[str] = None  # the contract's address, 0x and 40 hex digits
+    chain_id: Optional[int] = Field(None, gt=0)  # the node must be on this chain
+    keystore: Optional[str] = None  # an encrypted JSON keystore (Ethereum's Web3 Secret Storage)
+    uri: str = ""  # recorded on chain beside the digest: where the artifacts can be found
+
+
 class ChecksSection(Section):
     """Warnings before a wasted run (doit check:<recipe>, run before training): one loud line
     each, or a failed build with as_errors. No artifact reads these: changing them rebuilds nothing."""
@@ -217,6 +230,7 @@ class Recipe(Section):
     eval: EvalSection = EvalSection()
     quantize: QuantizeSection = QuantizeSection()
     serve: ServeSection = ServeSection()
+    anchor: AnchorSection = AnchorSection()
     checks: ChecksSection = ChecksSection()
 
 
