@@ -4,7 +4,6 @@ against a real JSON-RPC node (anvil, pinned in contracts/package.json) on 127.0.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import stat
 import subprocess
