@@ -4,6 +4,9 @@ Two local tasks built from shards/heldout/heldout.jsonl, no hub access: exact
 match of the greedy answer to the reference (prompt rendered with the model's
 chat template), and per-token perplexity of the reference answer and its
 end-of-turn token given the prompt: the tokens training puts loss on. Scoring the base model too makes eval.json show the gain.
+Held-out rows of the other methods' kinds get their own method's metrics
+(stages/scoring/tasks.py: text perplexity, preference margin and accuracy, GRPO's reward),
+and a reward model its accuracy on held-out pairs (stages/scoring/reward_model.py).
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from pathlib import Path
 
 from stages.data.render import render
 from stages.model.trained import load_trained, placement
+from stages.scoring import reward_model, tasks
+from stages.train.rewards import reward_function
 
 
 def heldout_docs(shards: Path, tok, limit: int | None) -> list[dict]:
@@ -66,7 +71,14 @@ def task_configs(docs: list[dict], eos: str, max_new_tokens: int) -> list[dict]:
     return [exact, perplexity]
 
 
-def score(model, tok, docs, settings) -> dict:
+def chat_metrics(res: dict) -> dict:
+    exact, ppl = res["heldout_exact_match"], res["heldout_perplexity"]
+    return {"exact_match": float(exact["exact_match,strip"]),
+            "perplexity": float(ppl["perplexity,none"])}
+
+
+def score(model, tok, configs, settings) -> dict:
+    """lm-eval's results of the task configs for one model."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -74,14 +86,11 @@ def score(model, tok, docs, settings) -> dict:
     lm = HFLM(pretrained=model.eval(), tokenizer=tok, batch_size=settings.batch_size,
               max_length=model.config.max_position_embeddings)
     out = lm_eval.simple_evaluate(
-        model=lm, tasks=task_configs(docs, tok.eos_token, settings.max_new_tokens),
+        model=lm, tasks=configs,
         task_manager=TaskManager(include_defaults=False), num_fewshot=0, apply_chat_template=False,
         bootstrap_iters=0, log_samples=False, cache_requests=False,
         random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
-    res = out["results"]
-    exact, ppl = res["heldout_exact_match"], res["heldout_perplexity"]
-    return {"exact_match": float(exact["exact_match,strip"]),
-            "perplexity": float(ppl["perplexity,none"])}
+    return out["results"]
 
 
 def build(ctx, out: Path) -> None:
@@ -96,18 +105,34 @@ def build(ctx, out: Path) -> None:
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     settings = ctx.recipe.eval
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
-    models = {
-        "base": lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["base"], **placement()),
-        "trained": lambda: load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]),
-    }
-    if (ctx.upstream["quantized"] / "model").is_dir():
-        models["quantized"] = lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["quantized"] / "model", **placement())
-    report = {"heldout_rows": len(docs), "settings": settings.model_dump(mode="json")}
-    for name, load in models.items():
-        ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
-        report[name] = score(load(), tok, docs, settings)
-        ctx.log.info("%s: %s", name, report[name])
+    rows = [json.loads(line) for line in (ctx.upstream["shards"] / "heldout" / "heldout.jsonl").read_text().splitlines()]
+    kind = tasks.kind_of(rows[0]) if rows else "chat"
+    if reward_model.is_reward_model(ctx.upstream["checkpoint"]):
+        rows = rows[:settings.limit]
+        report = {"heldout_rows": len(rows), "settings": settings.model_dump(mode="json")}
+        for name, checkpoint in (("base", None), ("trained", ctx.upstream["checkpoint"])):
+            report[name] = reward_model.score(reward_model.load(checkpoint, ctx.upstream["base"]), tok, rows)
+            ctx.log.info("%s: %s", name, report[name])
+    else:
+        if kind == "chat":
+            docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
+            configs, metrics = task_configs(docs, tok.eos_token, settings.max_new_tokens), chat_metrics
+        else:
+            docs = tasks.docs_for(kind, rows[:settings.limit], tok)
+            reward = reward_function(ctx.recipe.train.reward) if kind == "prompt" else None
+            configs = tasks.configs(kind, docs, tok.eos_token, settings.max_new_tokens, reward)
+            metrics = lambda res: tasks.metrics(kind, res)  # noqa: E731
+        models = {
+            "base": lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["base"], **placement()),
+            "trained": lambda: load_trained(ctx.upstream["checkpoint"], ctx.upstream["base"]),
+        }
+        if (ctx.upstream["quantized"] / "model").is_dir():
+            models["quantized"] = lambda: AutoModelForCausalLM.from_pretrained(ctx.upstream["quantized"] / "model", **placement())
+        report = {"heldout_rows": len(docs), "settings": settings.model_dump(mode="json")}
+        for name, load in models.items():
+            ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
+            report[name] = metrics(score(load(), tok, configs, settings))
+            ctx.log.info("%s: %s", name, report[name])
     report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"]}
     (out / "eval.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
 
@@ -117,4 +142,5 @@ def summary(path: Path) -> list[str]:
     report = json.loads((path / "eval.json").read_text())
     models = [m for m in ("base", "trained", "quantized") if m in report]
     return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(
-        f"{m} exact match {report[m]['exact_match']:.3f}, perplexity {report[m]['perplexity']:.2f}" for m in models)]
+        f"{m} " + ", ".join(f"{k.replace('_', ' ')} {v:{'.2f' if k == 'perplexity' else '.3f'}}"
+                           for k, v in sorted(report[m].items())) for m in models)]
