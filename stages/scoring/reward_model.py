@@ -35,13 +35,15 @@ def load(checkpoint: Path | None, base: Path):
 
 
 def score(model, tok, rows: list[dict]) -> dict:
+    """Each pair scored as training saw it: prompt and answer to its end of turn (the score is
+    read at the last token, so the template's trailing whitespace is left off)."""
     import torch
 
     model.eval()
     wins, margins = [], []
     with torch.no_grad():
         for r in rows:
-            c, j = (model(**tok(render(tok, r["prompt"] + r[side]), return_tensors="pt",
+            c, j = (model(**tok(render(tok, r["prompt"] + r[side]).rstrip(), return_tensors="pt",
                                 add_special_tokens=False)).logits[0, 0].item() for side in ("chosen", "rejected"))
             wins.append(float(c > j))
             margins.append(c - j)

@@ -32,6 +32,6 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
-                      max_completion_length=t.max_completion_length, log_completions=False)
+                      max_completion_length=t.max_completion_length)
     return GRPOTrainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                        processing_class=tok, peft_config=lora_config(t) if t.peft == "lora" else None)
