@@ -48,8 +48,9 @@ def test_orpo_widens_the_preference_margin_on_heldout_pairs(fresh):
 
 def test_reward_model_ranks_heldout_pairs_above_chance(fresh):
     evaluation = built_eval(fresh, "tiny_reward")
-    assert evaluation["trained"]["reward_accuracy"] > 0.75 > evaluation["base"]["reward_accuracy"] - 0.25
-    assert evaluation["trained"]["reward_margin"] > 0
+    base, trained = evaluation["base"], evaluation["trained"]
+    assert trained["reward_accuracy"] > max(0.6, base["reward_accuracy"])  # chance is 0.5
+    assert trained["reward_margin"] > 1 > abs(base["reward_margin"])
     config = json.loads((artifact(fresh, "checkpoint", "tiny_reward") / "model" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForSequenceClassification"] and config["num_labels"] == 1
 
