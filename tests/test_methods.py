@@ -16,7 +16,7 @@ HH = SHARED / "datasets" / "hh-rlhf-harmless" / "test.jsonl.gz"
 
 def built_eval(project, recipe: str) -> dict:
     """Build the recipe to its manifest; its eval.json, checked to be what the manifest records."""
-    run = doit(project, f"manifest:{recipe}")
+    run = doit(project, f"manifest:{recipe}", timeout=1800)
     assert run.rc == 0, run.out[-3000:]
     evaluation = json.loads((artifact(project, "eval", recipe) / "eval.json").read_text())
     manifest = json.loads((artifact(project, "manifest", recipe) / "manifest.json").read_text())
