@@ -51,8 +51,10 @@ def test_reward_model_ranks_heldout_pairs_above_chance(fresh):
     base, trained = evaluation["base"], evaluation["trained"]
     assert trained["reward_accuracy"] > max(0.6, base["reward_accuracy"])  # chance is 0.5
     assert trained["reward_margin"] > 1 > abs(base["reward_margin"])
-    config = json.loads((artifact(fresh, "checkpoint", "tiny_reward") / "model" / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForSequenceClassification"] and config["num_labels"] == 1
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(artifact(fresh, "checkpoint", "tiny_reward") / "model")
+    assert config.architectures == ["Qwen3ForSequenceClassification"] and config.num_labels == 1
 
 
 @pytest.mark.skipif(not HH.is_file(), reason="../shared/datasets/hh-rlhf-harmless is not on this machine")
