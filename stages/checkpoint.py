@@ -17,7 +17,9 @@ from stages.engine.errors import UserError
 from stages.train import trainer
 from stages.train.settings import training_mode
 
-METHODS = {"sft": "stages.train.sft"}  # train.method -> its module: dataset(shards), make_trainer(...)
+# train.method -> its module: dataset(shards, tok), make_trainer(...), and HEAD where it is not a causal LM
+METHODS = {"sft": "stages.train.sft", "cpt": "stages.train.cpt", "dpo": "stages.train.dpo",
+           "reward": "stages.train.reward", "orpo": "stages.train.orpo", "grpo": "stages.train.grpo"}
 
 
 def code_modules(recipe) -> list[str]:
@@ -39,9 +41,9 @@ def build(ctx, out: Path) -> None:
     set_seed(t.seed)
 
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    model = trainer.trainable_model(ctx.upstream["base"], plan)
+    model = trainer.trainable_model(ctx.upstream["base"], plan, getattr(method, "HEAD", "causal_lm"))
     ctx.work.mkdir(parents=True, exist_ok=True)
-    run = method.make_trainer(model, method.dataset(ctx.upstream["shards"]), tok, plan, t, ctx.work)
+    run = method.make_trainer(model, method.dataset(ctx.upstream["shards"], tok), tok, plan, t, ctx.work)
     trainer.train(run, plan, t.max_steps, ctx.work, ctx.log, ctx.run)
     trainer.save(run, tok, t.peft, out)
 

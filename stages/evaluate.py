@@ -7,6 +7,9 @@ chat template), and per-token perplexity of the reference answer and its
 end-of-turn token given the prompt: the tokens training puts loss on. Scoring the base model too
 makes eval.json show the gain; scoring each quantized model beside the trained one, with its size
 (size_bytes: the weight files), shows what each scheme costs in accuracy for what it saves.
+Held-out rows of the other methods' kinds get their own method's metrics
+(stages/scoring/tasks.py: text perplexity, preference margin and accuracy, GRPO's reward),
+and a reward model its accuracy on held-out pairs (stages/scoring/reward_model.py).
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ from pathlib import Path
 
 from stages.data.render import render
 from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
-
-METRICS = ("exact_match", "perplexity")
+from stages.scoring import reward_model, tasks
+from stages.train.rewards import reward_function
 
 
 def extra_inputs(recipe, root: Path, store) -> dict:
@@ -75,7 +78,14 @@ def task_configs(docs: list[dict], eos: str, max_new_tokens: int) -> list[dict]:
     return [exact, perplexity]
 
 
-def score(model, tok, docs, settings) -> dict:
+def chat_metrics(res: dict) -> dict:
+    exact, ppl = res["heldout_exact_match"], res["heldout_perplexity"]
+    return {"exact_match": float(exact["exact_match,strip"]),
+            "perplexity": float(ppl["perplexity,none"])}
+
+
+def score(model, tok, configs, settings) -> dict:
+    """lm-eval's results of the task configs for one model."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -83,14 +93,11 @@ def score(model, tok, docs, settings) -> dict:
     lm = HFLM(pretrained=model.eval(), tokenizer=tok, batch_size=settings.batch_size,
               max_length=model.config.max_position_embeddings)
     out = lm_eval.simple_evaluate(
-        model=lm, tasks=task_configs(docs, tok.eos_token, settings.max_new_tokens),
+        model=lm, tasks=configs,
         task_manager=TaskManager(include_defaults=False), num_fewshot=0, apply_chat_template=False,
         bootstrap_iters=0, log_samples=False, cache_requests=False,
         random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
-    res = out["results"]
-    exact, ppl = res["heldout_exact_match"], res["heldout_perplexity"]
-    return {"exact_match": float(exact["exact_match,strip"]),
-            "perplexity": float(ppl["perplexity,none"])}
+    return out["results"]
 
 
 def build(ctx, out: Path) -> None:
@@ -105,24 +112,41 @@ def build(ctx, out: Path) -> None:
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     settings = ctx.recipe.eval
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
+    rows = [json.loads(line) for line in (ctx.upstream["shards"] / "heldout" / "heldout.jsonl").read_text().splitlines()]
+    kind = tasks.kind_of(rows[0]) if rows else "chat"
     base, checkpoint, quantized = ctx.upstream["base"], ctx.upstream["checkpoint"], ctx.upstream["quantized"]
-    report = {"heldout_rows": len(docs), "settings": settings.model_dump(mode="json")}
-    models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
-        (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
-        (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
-    ]
-    for scheme in sorted(d.name for d in quantized.iterdir() if d.is_dir()):
-        export = quantized / scheme
-        models.append((report.setdefault("quantized", {}), scheme,
-                       lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
-    for where, name, load, size in models:
-        ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
-        where[name] = {**score(load(), tok, docs, settings), "size_bytes": size}
-        ctx.log.info("%s: %s", name, where[name])
-    report["gain"] = {m: report["trained"][m] - report["base"][m] for m in METRICS}
-    report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in METRICS}
-                                   for scheme, q in report.get("quantized", {}).items()}
+    report = {"settings": settings.model_dump(mode="json")}
+    if reward_model.is_reward_model(checkpoint):
+        rows = rows[:settings.limit]
+        report["heldout_rows"] = len(rows)
+        for name, trained in (("base", None), ("trained", checkpoint)):
+            report[name] = reward_model.score(reward_model.load(trained, base), tok, rows)
+            ctx.log.info("%s: %s", name, report[name])
+    else:
+        if kind == "chat":
+            docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
+            configs, metrics = task_configs(docs, tok.eos_token, settings.max_new_tokens), chat_metrics
+        else:
+            docs = tasks.docs_for(kind, rows[:settings.limit], tok)
+            reward = reward_function(ctx.recipe.train.reward) if kind == "prompt" else None
+            configs = tasks.configs(kind, docs, tok.eos_token, settings.max_new_tokens, reward)
+            metrics = lambda res: tasks.metrics(kind, res)  # noqa: E731
+        report["heldout_rows"] = len(docs)
+        models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
+            (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
+            (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
+        ]
+        for scheme in sorted(d.name for d in quantized.iterdir() if d.is_dir()):
+            export = quantized / scheme
+            models.append((report.setdefault("quantized", {}), scheme,
+                           lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
+        for where, name, load, size in models:
+            ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
+            where[name] = {**metrics(score(load(), tok, configs, settings)), "size_bytes": size}
+            ctx.log.info("%s: %s", name, where[name])
+        report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in q if m != "size_bytes"}
+                                       for scheme, q in report.get("quantized", {}).items()}
+    report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"] if m != "size_bytes"}
     (out / "eval.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
 
 
@@ -132,5 +156,6 @@ def summary(path: Path) -> list[str]:
     models = [(m, report[m]) for m in ("base", "trained") if m in report]
     models += [(f"quantized {s}", q) for s, q in report.get("quantized", {}).items()]
     return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(
-        f"{m} exact match {r['exact_match']:.3f}, perplexity {r['perplexity']:.2f}, "
-        f"{r['size_bytes']:,} bytes" for m, r in models)]
+        f"{m} " + ", ".join(f"{k.replace('_', ' ')} {v:,}" if k == "size_bytes" else
+                           f"{k.replace('_', ' ')} {v:{'.2f' if k == 'perplexity' else '.3f'}}"
+                           for k, v in sorted(r.items())) for m, r in models)]

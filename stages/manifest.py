@@ -1,6 +1,7 @@
 """manifest: the receipt. BLAKE3 of every file of every artifact, the recipe, the plan
-decisions, package versions and hardware facts, and each quantized export's scheme as its
-config.json states it, in one canonical JSON file.
+decisions, package versions and hardware facts, each quantized export's scheme as its
+config.json states it, and the eval stage's scores (each method's own metrics among them), in
+one canonical JSON file.
 
 Built only from deterministic content, so two clean builds give the same manifest. The
 versions it records are its own key's (the stage table's RECEIPT_PACKAGES), so a new
@@ -20,7 +21,9 @@ def build(ctx, out: Path) -> None:
     artifacts = {stage: {"key": a["key"], "digest": a["digest"], "files": a["files"]}
                  for stage, a in ctx.artifacts.items()}
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())
+    scores = json.loads((ctx.upstream["eval"] / "eval.json").read_text())
     manifest = {
+        "eval": {m: scores[m] for m in ("base", "trained", "quantized", "gain") if m in scores},
         "recipe_name": ctx.recipe_name,
         "recipe": ctx.recipe.model_dump(mode="json", exclude={"anchor"}),
         "artifacts": artifacts,

@@ -6,7 +6,7 @@ recipe says which) and converted to what the training method consumes:
 
     chat        {"messages": [{"role", "content", "reasoning"?}, ...]}      sft
     text        {"text": str}                                               cpt
-    preference  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}  dpo, orpo
+    preference  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}  dpo, orpo, reward
     prompt      {"prompt": [messages], "reference": str}                    grpo
 
 A row that cannot be converted raises BadRow with a reason (the drop-count key)
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from stages.engine.errors import UserError
 
-KIND_OF_METHOD = {"sft": "chat", "cpt": "text", "dpo": "preference", "orpo": "preference", "grpo": "prompt"}
+KIND_OF_METHOD = {"sft": "chat", "cpt": "text", "dpo": "preference", "orpo": "preference", "grpo": "prompt",
+                  "reward": "preference"}
 ROLES = {"system", "user", "assistant"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}

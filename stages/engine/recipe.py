@@ -38,8 +38,9 @@ class ModelConfig(Section):
     """A Qwen3-architecture model built from its config with a fixed seed (random weights).
     With no tokenizer, a character-level one is made here (the tiny default, no download);
     with tokenizer: a Hugging Face tokenizer directory (e.g. Qwen3's), whose vocabulary the
-    model gets unless vocab_size says otherwise (Qwen3 pads 151,669 tokens to 151,936)."""
-    architecture: Literal["Qwen3ForCausalLM"] = "Qwen3ForCausalLM"
+    model gets unless vocab_size says otherwise (Qwen3 pads 151,669 tokens to 151,936).
+    Qwen3MoeForCausalLM makes it a mixture of experts (num_experts and the two below)."""
+    architecture: Literal["Qwen3ForCausalLM", "Qwen3MoeForCausalLM"] = "Qwen3ForCausalLM"
     hidden_size: int = Field(64, gt=0)
     intermediate_size: int = Field(128, gt=0)
     num_hidden_layers: int = Field(2, gt=0)
@@ -51,6 +52,9 @@ class ModelConfig(Section):
     vocab_size: Optional[int] = Field(None, gt=0)
     tie_word_embeddings: bool = True
     dtype: Literal["float32", "bfloat16"] = "float32"  # of the saved weights: bf16 halves an 8B's 33 GB
+    num_experts: int = Field(4, gt=1)  # Qwen3MoeForCausalLM only, as the three below
+    num_experts_per_tok: int = Field(2, gt=0)
+    moe_intermediate_size: int = Field(64, gt=0)
     seed: int = 0
 
 
@@ -128,7 +132,7 @@ class LoraSection(Section):
 
 
 class TrainSection(Section):
-    method: Literal["sft", "cpt", "dpo", "orpo", "grpo"] = "sft"
+    method: Literal["sft", "cpt", "dpo", "orpo", "grpo", "reward"] = "sft"
     peft: Literal["none", "lora"] = "none"
     lora: LoraSection = LoraSection()
     lr: float = Field(1e-3, gt=0)
@@ -139,6 +143,10 @@ class TrainSection(Section):
     weight_decay: float = Field(0.0, ge=0)
     save_steps: int = Field(25, gt=0)
     seed: int = 0
+    beta: float = Field(0.1, gt=0)  # dpo: KL strength; orpo: the odds-ratio term's weight
+    reward: str = "exact_answer"  # grpo: a name in stages/train/rewards.py's REWARDS
+    num_generations: int = Field(4, gt=1)  # grpo: completions sampled per prompt
+    max_completion_length: int = Field(16, gt=0)  # grpo: tokens generated per completion
 
     @property
     def global_batch(self) -> int:

@@ -1,5 +1,5 @@
-"""Models built from a config (model.config): a Qwen3-architecture model with random weights
-from a fixed seed. The tiny default gets a character-level tokenizer with ChatML special
+"""Models built from a config (model.config): a Qwen3-architecture model (or Qwen3-MoE) with random
+weights from a fixed seed. The tiny default gets a character-level tokenizer with ChatML special
 tokens made here, so it needs no download; a recipe that names a tokenizer directory (e.g.
 Qwen3's own) gets that tokenizer and its vocabulary instead, at any size up to Qwen3-8B's
 shape, for GPU runs where real weights cannot be fetched. Nothing about real models depends
@@ -37,17 +37,20 @@ def char_tokenizer():
 def build_from_config(cfg, out: Path, root: Path = Path(".")) -> None:
     """Random weights from cfg.seed, saved with the tokenizer; cfg.tokenizer is relative to root."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3MoeConfig
 
     tok = char_tokenizer() if cfg.tokenizer is None else AutoTokenizer.from_pretrained(root / cfg.tokenizer)
     vocab = 64 * ((len(tok) + 63) // 64)  # padded to a multiple of 64 for matmul shapes
     eos = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
-    config = Qwen3Config(
+    moe = cfg.architecture == "Qwen3MoeForCausalLM"
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(
         vocab_size=cfg.vocab_size or vocab, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=None, eos_token_id=eos, pad_token_id=tok.pad_token_id, dtype=cfg.dtype)
+        bos_token_id=None, eos_token_id=eos, pad_token_id=tok.pad_token_id, dtype=cfg.dtype,
+        **({"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "moe_intermediate_size": cfg.moe_intermediate_size} if moe else {}))
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id, do_sample=False)

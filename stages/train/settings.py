@@ -4,13 +4,14 @@ two can never drift apart."""
 from __future__ import annotations
 
 
-def lora_config(t):
-    """PEFT's LoraConfig from the recipe's train section (its lora and the method's task)."""
+def lora_config(t, task_type: str = "CAUSAL_LM"):
+    """PEFT's LoraConfig from the recipe's train section (its lora and the method's task:
+    SEQ_CLS for a reward model, whose new scoring head PEFT then trains in full)."""
     from peft import LoraConfig
 
     return LoraConfig(r=t.lora.r, lora_alpha=t.lora.alpha, lora_dropout=t.lora.dropout,
                       target_modules=t.lora.target_modules, target_parameters=t.lora.target_parameters,
-                      task_type="CAUSAL_LM")
+                      task_type=task_type)
 
 
 def rocm_env(library: str | None) -> dict[str, str]:

@@ -9,10 +9,12 @@ import numpy as np
 
 from stages.data import packed
 from stages.train.settings import lora_config
+from stages.train.trainer import plan_args
 
 
-def dataset(shards: Path):
-    """The packed training sequences: ids, labels and restarting position ids."""
+def dataset(shards: Path, tok=None):
+    """The packed training sequences: ids, labels and restarting position ids (already
+    tokenized: the tokenizer, which other methods decode with, is not needed)."""
     from datasets import Dataset
 
     parts = [packed.read(p) for p in sorted((shards / "train").glob("shard-*.safetensors"))]
@@ -48,17 +50,6 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     """SFTTrainer over packed rows, with the plan's batch shape."""
     from trl import SFTConfig
 
-    args = SFTConfig(
-        output_dir=str(output_dir), max_steps=t.max_steps, learning_rate=t.lr,
-        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
-        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
-        logging_steps=1, logging_nan_inf_filter=False,  # the filter's check of each micro-batch's loss is a
-        # host sync that left the GPU idle between micro-batches (8B LoRA on H100: 12.1k -> 13.9k tok/s,
-        # bench/step_profile.py); a NaN loss is logged as it is
-        save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
-        seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
-        bf16=plan["dtype"] == "bfloat16", activation_checkpointing=False,  # already set on the model
-        dataloader_num_workers=0, remove_unused_columns=False,
-        dataset_kwargs={"skip_prepare_dataset": True})
+    args = SFTConfig(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
     return model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,
                                 data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)

@@ -11,17 +11,40 @@ from stages.model.trained import dequantized
 from stages.train.settings import apply_settings, training_context
 
 COMPLETE = "mindxtrain-complete"
+METHOD_LOGS = ("rewards/margins", "rewards/accuracies", "reward", "reward_std", "accuracy", "margin")  # TRL's, per method
 SET_VALUED = ("target_modules", "exclude_modules")  # adapter_config.json fields PEFT keeps as sets
 
 
-def trainable_model(base: Path, plan: dict):
+def trainable_model(base: Path, plan: dict, head: str = "causal_lm"):
+    """The base model in the plan's dtype with the plan's settings applied; head "score" puts a
+    one-output scoring head on it (a reward model), as TRL's RewardTrainer loads one."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, plan["dtype"]), **dequantized(base))
+    dtype = getattr(torch, plan["dtype"])
+    if head == "score":
+        model = AutoModelForSequenceClassification.from_pretrained(base, dtype=dtype, num_labels=1, **dequantized(base))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **dequantized(base))
     model.config.use_cache = False
     apply_settings(model, plan)
     return model
+
+
+def plan_args(plan: dict, t, output_dir: Path) -> dict:
+    """The TrainingArguments every method shares: the recipe's optimizer settings, the plan's
+    batch shape and precision, checkpoints every save_steps for resuming, one log per step."""
+    return dict(
+        output_dir=str(output_dir), max_steps=t.max_steps, learning_rate=t.lr,
+        per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
+        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
+        logging_steps=1, logging_nan_inf_filter=False,  # the filter's check of each micro-batch's loss is a
+        # host sync that left the GPU idle between micro-batches (8B LoRA on H100: 12.1k -> 13.9k tok/s,
+        # bench/step_profile.py); a NaN loss is logged as it is
+        save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
+        seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
+        bf16=plan["dtype"] == "bfloat16", activation_checkpointing=False,  # already set on the model
+        dataloader_num_workers=0, remove_unused_columns=False)
 
 
 def mark_complete_callback():
@@ -87,7 +110,7 @@ def save(trainer, tok, peft: str, out: Path) -> None:
     with open(out / "metrics.jsonl", "w") as f:
         for entry in trainer.state.log_history:
             if "loss" in entry:
-                f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate")
+                f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate") + METHOD_LOGS
                                     if k in entry}, sort_keys=True) + "\n")
     if peft == "lora":
         trainer.model.save_pretrained(out / "adapter")

@@ -1,0 +1,1 @@
+"""The eval stage's internals for the held-out rows of each training method's data kind."""

@@ -1,0 +1,37 @@
+"""GRPO: TRL's GRPOTrainer on the shards' prompts, rewarded by the verifiable reward the recipe
+names (train.reward, stages/train/rewards.py) against each prompt's reference answer:
+train.num_generations sampled completions per prompt of up to train.max_completion_length
+tokens, each scored against the others of its group."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from stages.train.pairs import prompt_texts
+from stages.train.rewards import reward_function
+from stages.train.settings import lora_config
+from stages.train.trainer import plan_args
+
+
+def dataset(shards: Path, tok):
+    return prompt_texts(shards, tok)
+
+
+def reward_for_trainer(name: str):
+    """The named reward as TRL calls a reward function: a batch of completions, with the
+    dataset's other columns (the reference answers) as keyword arguments."""
+    score = reward_function(name)
+
+    def reward(prompts, completions, reference, **_):
+        return [score(c, r) for c, r in zip(completions, reference)]
+
+    reward.__name__ = name  # TRL logs each reward under its function's name
+    return reward
+
+
+def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
+                      max_completion_length=t.max_completion_length)
+    return GRPOTrainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
+                       processing_class=tok, peft_config=lora_config(t) if t.peft == "lora" else None)

@@ -1,0 +1,160 @@
+"""Training methods beyond SFT, each through TRL's own trainer, each shown doing what it exists
+for by the eval stage on held-out rows, base against trained: CPT lowers the text's perplexity,
+DPO widens the chosen-minus-rejected margin, and the manifest records those scores."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import SHARED, doit
+from test_pipeline import artifact
+
+HH = SHARED / "datasets" / "hh-rlhf-harmless" / "test.jsonl.gz"
+
+
+def built_eval(project, recipe: str) -> dict:
+    """Build the recipe to its manifest; its eval.json, checked to be what the manifest records."""
+    run = doit(project, f"manifest:{recipe}", timeout=1800)
+    assert run.rc == 0, run.out[-3000:]
+    evaluation = json.loads((artifact(project, "eval", recipe) / "eval.json").read_text())
+    manifest = json.loads((artifact(project, "manifest", recipe) / "manifest.json").read_text())
+    assert manifest["eval"]["trained"] == evaluation["trained"]
+    return evaluation
+
+
+def test_cpt_lowers_heldout_perplexity(fresh):
+    evaluation = built_eval(fresh, "tiny_cpt")
+    assert evaluation["trained"]["perplexity"] < 0.8 * evaluation["base"]["perplexity"]
+    assert evaluation["quantized"]["perplexity"] < 0.8 * evaluation["base"]["perplexity"]
+
+
+def test_dpo_widens_the_preference_margin_on_heldout_pairs(fresh):
+    evaluation = built_eval(fresh, "tiny_dpo")
+    base, trained = evaluation["base"], evaluation["trained"]
+    assert trained["margin"] > base["margin"] + 5
+    assert trained["preference_accuracy"] > base["preference_accuracy"]
+    steps = [json.loads(line) for line in (artifact(fresh, "checkpoint", "tiny_dpo") / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 60 and "rewards/margins" in steps[-1]  # TRL's DPO logs, kept per step
+
+
+def test_orpo_widens_the_preference_margin_on_heldout_pairs(fresh):
+    evaluation = built_eval(fresh, "tiny_orpo")
+    base, trained = evaluation["base"], evaluation["trained"]
+    assert trained["margin"] > base["margin"] + 5
+    assert trained["preference_accuracy"] > base["preference_accuracy"]
+
+
+def test_reward_model_ranks_heldout_pairs_above_chance(fresh):
+    evaluation = built_eval(fresh, "tiny_reward")
+    base, trained = evaluation["base"], evaluation["trained"]
+    assert trained["reward_accuracy"] > max(0.6, base["reward_accuracy"])  # chance is 0.5
+    assert trained["reward_margin"] > 1 > abs(base["reward_margin"])
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(artifact(fresh, "checkpoint", "tiny_reward") / "model")
+    assert config.architectures == ["Qwen3ForSequenceClassification"] and config.num_labels == 1
+
+
+@pytest.mark.skipif(not HH.is_file(), reason="../shared/datasets/hh-rlhf-harmless is not on this machine")
+def test_dpo_on_real_hh_rlhf_pairs(fresh):
+    """The HH transcript format trained on, not only parsed: the held-out margin widens."""
+    import yaml
+
+    (fresh / "data" / "real").mkdir()
+    shutil.copy(HH, fresh / "data" / "real" / "hh.jsonl.gz")
+    evaluation = built_eval(fresh, "hh_dpo")
+    assert evaluation["heldout_rows"] >= 32
+    assert evaluation["trained"]["margin"] > evaluation["base"]["margin"]
+    recipe = yaml.safe_load((fresh / "recipes" / "hh_dpo.yaml").read_text())
+    assert recipe["data"]["sources"] == [{"path": "data/real/hh.jsonl.gz", "format": "preference"}]
+
+
+def test_rewards_check_answers_and_fail_in_one_line():
+    from stages.engine.errors import UserError
+    from stages.train.rewards import reward_function
+
+    exact, gsm8k = reward_function("exact_answer"), reward_function("gsm8k")
+    assert exact(" 65 ", "65") == 1.0 and exact("56", "65") == 0.0
+    assert gsm8k("so she pays 1,200 dollars\n#### 1200", "She pays 1000 + 200\n#### 1,200") == 1.0
+    assert gsm8k("the answer is 18", "... #### 18") == 1.0 and gsm8k("#### 17", "#### 18") == 0.0
+    with pytest.raises(UserError, match=r"^train.reward: gsm8k raised ValueError \(the reference has no '####'"):
+        gsm8k("12", "12")
+    with pytest.raises(UserError, match=r"^train.reward: 'nope' is not a reward; use one of exact_answer, gsm8k$"):
+        reward_function("nope")
+
+
+def test_grpo_raises_the_heldout_reward(built, tmp_path):
+    """GRPO from tiny's SFT model (a reward needs a model that is sometimes right): the mean
+    exact-answer reward of greedy answers to held-out additions goes up."""
+    project = tmp_path / "proj"
+    shutil.copytree(built, project, symlinks=True)
+    evaluation = built_eval(project, "tiny_grpo")
+    assert evaluation["trained"]["reward"] > evaluation["base"]["reward"]
+    steps = [json.loads(line) for line in (artifact(project, "checkpoint", "tiny_grpo") / "metrics.jsonl").read_text().splitlines()]
+    assert "reward" in steps[-1]
+
+
+def test_a_reward_that_raises_stops_grpo_in_one_line(built, tmp_path):
+    """gsm8k's reward on references without '####' raises: one line naming train.reward, store unchanged."""
+    import yaml
+
+    from conftest import snapshot
+
+    project = tmp_path / "proj"
+    shutil.copytree(built, project, symlinks=True)
+    recipe = yaml.safe_load((project / "recipes" / "tiny_grpo.yaml").read_text())
+    recipe["train"]["reward"] = "gsm8k"
+    (project / "recipes" / "tiny_grpo.yaml").write_text(yaml.safe_dump(recipe))
+    doit(project, "shards:tiny_grpo", "plan:tiny_grpo")
+    before = snapshot(project)
+    run = doit(project, "checkpoint:tiny_grpo")
+    assert run.rc != 0
+    assert "train.reward: gsm8k raised ValueError (the reference has no '####' answer line" in run.out
+    assert "Traceback" not in run.out
+    assert {k for k in snapshot(project) if "/checkpoint/" in k or k.startswith("tiny_grpo/checkpoint")} == \
+        {k for k in before if "/checkpoint/" in k or k.startswith("tiny_grpo/checkpoint")}
+
+
+def test_moe_lora_trains_the_experts(fresh):
+    """LoRA on a Qwen3-MoE's fused expert weights (PEFT target_parameters): the expert adapters
+    get gradients, end up changed from their zero start, and move the merged experts."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    evaluation = built_eval(fresh, "tiny_moe")
+    assert evaluation["trained"]["perplexity"] < evaluation["base"]["perplexity"]
+    ckpt, base_dir = artifact(fresh, "checkpoint", "tiny_moe"), artifact(fresh, "base", "tiny_moe")
+    adapter = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
+    experts_b = {k: v for k, v in adapter.items() if ".mlp.experts" in k and "lora_B" in k}
+    assert len(experts_b) == 4 and all(v.abs().sum() > 0 for v in experts_b.values())  # 2 layers x gate_up, down
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), ckpt / "adapter", is_trainable=True)
+    ids = torch.randint(3, 90, (2, 32))
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if ".mlp.experts" in n and "lora_" in n}
+    assert len(grads) == 8 and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir).state_dict()
+    merged = model.merge_and_unload().state_dict()
+    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
+        assert not torch.equal(merged[name], base[name])
+
+
+def test_pairs_split_at_the_answer_where_the_sides_part():
+    """A multi-turn prompt's earlier assistant turn is learned on both sides: the answers start
+    at the learned span where chosen and rejected part (both begin with token 7 here), and end
+    at each side's last learned token."""
+    import numpy as np
+
+    from stages.train.pairs import split
+
+    I = -100
+    chosen = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    chosen_labels = np.array([I, I, I, 4, 5, I, 7, 8, I])
+    rejected = np.array([1, 2, 3, 4, 5, 6, 7, 10, 11, 9])
+    rejected_labels = np.array([I, I, I, 4, 5, I, 7, 10, 11, I])
+    assert split(chosen, chosen_labels, rejected, rejected_labels) == (6, 8, 9)
