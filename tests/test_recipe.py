@@ -34,7 +34,8 @@ def test_shipped_cpu_recipes_build_offline():
     for path in (REPO / "recipes").glob("*.yaml"):
         recipe = load(path)
         if recipe.hardware.profile == "cpu":
-            assert recipe.model.hub is None and all((REPO / s.path).is_file() for s in recipe.data.sources)
+            assert recipe.model.hub is None and all((REPO / s.path).is_file() or s.path.startswith("data/real/")
+                                                    for s in recipe.data.sources), path  # data/real/: linked, never committed
 
 
 def test_recipe_is_frozen(tmp_path):
