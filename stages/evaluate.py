@@ -127,7 +127,10 @@ def build(ctx, out: Path) -> None:
             docs = heldout_docs(ctx.upstream["shards"], tok, settings.limit)
             configs, metrics = task_configs(docs, tok.eos_token, settings.max_new_tokens), chat_metrics
         else:
-            docs = tasks.docs_for(kind, rows[:settings.limit], tok)
+            context = json.loads((base / "config.json").read_text())["max_position_embeddings"]
+            docs = tasks.docs_for(kind, rows[:settings.limit], tok, context)
+            if len(docs) < len(rows[:settings.limit]):
+                report["heldout_longer_than_context"] = len(rows[:settings.limit]) - len(docs)
             reward = reward_function(ctx.recipe.train.reward) if kind == "prompt" else None
             configs = tasks.configs(kind, docs, tok.eos_token, settings.max_new_tokens, reward)
             metrics = lambda res: tasks.metrics(kind, res)  # noqa: E731

@@ -27,7 +27,7 @@ def built_eval(project, recipe: str) -> dict:
 def test_cpt_lowers_heldout_perplexity(fresh):
     evaluation = built_eval(fresh, "tiny_cpt")
     assert evaluation["trained"]["perplexity"] < 0.8 * evaluation["base"]["perplexity"]
-    assert evaluation["quantized"]["perplexity"] < 0.8 * evaluation["base"]["perplexity"]
+    assert evaluation["quantized"]["fp8"]["perplexity"] < 0.8 * evaluation["base"]["perplexity"]
 
 
 def test_dpo_widens_the_preference_margin_on_heldout_pairs(fresh):

@@ -24,14 +24,19 @@ def answer_text(tok, prompt: list[dict], answer: list[dict]) -> str:
     return full[len(head):].rstrip() if full.startswith(head) else answer[-1]["content"] + tok.eos_token
 
 
-def docs_for(kind: str, rows: list[dict], tok) -> list[dict]:
+def docs_for(kind: str, rows: list[dict], tok, context: int) -> list[dict]:
+    """lm-eval docs of the held-out rows; a pair longer than the model's context (held-out rows
+    are not length-filtered as training rows are) cannot be scored and is left out: the caller
+    counts them as len(rows) - len(docs)."""
     if kind == "text":
         return [{"text": r["text"] + tok.eos_token,
                  "n_tokens": len(tok.encode(r["text"] + tok.eos_token, add_special_tokens=False))} for r in rows]
     if kind == "preference":
-        return [{"prompt": render(tok, r["prompt"], generation_prompt=True),
+        docs = [{"prompt": render(tok, r["prompt"], generation_prompt=True),
                  "choices": [answer_text(tok, r["prompt"], r["chosen"]), answer_text(tok, r["prompt"], r["rejected"])]}
                 for r in rows]
+        return [d for d in docs if max(len(tok.encode(d["prompt"] + c, add_special_tokens=False))
+                                       for c in d["choices"]) <= context]
     return [{"prompt": render(tok, r["prompt"], generation_prompt=True), "answer": r["reference"]} for r in rows]
 
 
