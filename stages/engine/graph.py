@@ -336,6 +336,13 @@ class Reporter(ConsoleReporter):
         super().skip_uptodate(task)
         self.rows.append((task.name, "cached", None))
 
+    def _write_failure(self, result, write_exception=True):
+        fail = result["exception"]
+        if isinstance(fail, TaskFailed) and not fail.traceback:
+            self.write(f"error: {fail.message}\n" if write_exception else "")
+        else:
+            super()._write_failure(result, write_exception)
+
     def complete_run(self):
         super().complete_run()
         st, lines, recipes = store(), [], []
