@@ -159,6 +159,6 @@ def summary(path: Path) -> list[str]:
     models = [(m, report[m]) for m in ("base", "trained") if m in report]
     models += [(f"quantized {s}", q) for s, q in report.get("quantized", {}).items()]
     return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(
-        f"{m} " + ", ".join(f"{k.replace('_', ' ')} {v:,}" if k == "size_bytes" else
+        f"{m} " + ", ".join(f"{v:,} bytes" if k == "size_bytes" else
                            f"{k.replace('_', ' ')} {v:{'.2f' if k == 'perplexity' else '.3f'}}"
                            for k, v in sorted(r.items())) for m, r in models)]

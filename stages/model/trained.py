@@ -19,7 +19,12 @@ def placement() -> dict:
 
 def device() -> str:
     """Where placement() puts the model: part of the key of every stage that uses it, since a
-    GPU in bf16 and the CPU in fp32 write different bytes from the same inputs."""
+    GPU in bf16 and the CPU in fp32 write different bytes from the same inputs. A CPU build of
+    torch says so in its version, which spares every up-to-date check importing torch."""
+    from importlib.metadata import version
+
+    if version("torch").endswith("+cpu"):
+        return "cpu"
     import torch
 
     return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
