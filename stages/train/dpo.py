@@ -17,7 +17,13 @@ def dataset(shards: Path, tok):
 def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     from trl import DPOConfig, DPOTrainer
 
-    args = DPOConfig(**plan_args(plan, t, output_dir), beta=t.beta,
-                     max_length=None)  # the shards stage already applied data.max_length
-    return DPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                      peft_config=lora_config(t) if t.peft == "lora" else None)
+    return pairwise_trainer(DPOConfig, DPOTrainer, model, train, tok, plan, t, output_dir)
+
+
+def pairwise_trainer(config, trainer, model, train, tok, plan: dict, t, output_dir: Path):
+    """A TRL preference trainer (DPO's, ORPO's) over the pairs, with train.beta and the plan's
+    arguments."""
+    args = config(**plan_args(plan, t, output_dir), beta=t.beta,
+                  max_length=None)  # the shards stage already applied data.max_length
+    return trainer(model=model, args=args, train_dataset=train, processing_class=tok,
+                   peft_config=lora_config(t) if t.peft == "lora" else None)

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stages.train.pairs import preference_texts
-from stages.train.settings import lora_config
-from stages.train.trainer import plan_args
+from stages.train.dpo import dataset, pairwise_trainer
 
-
-def dataset(shards: Path, tok):
-    return preference_texts(shards, tok)
+__all__ = ["dataset", "make_trainer"]
 
 
 def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-    args = ORPOConfig(**plan_args(plan, t, output_dir), beta=t.beta,
-                      max_length=None)  # the shards stage already applied data.max_length
-    return ORPOTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                       peft_config=lora_config(t) if t.peft == "lora" else None)
+    return pairwise_trainer(ORPOConfig, ORPOTrainer, model, train, tok, plan, t, output_dir)
