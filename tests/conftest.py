@@ -90,6 +90,14 @@ def warm(built, tmp_path) -> Path:
     return dest
 
 
+def build_beside(built: Path, tmp_path_factory, recipe: str) -> tuple[Path, Run]:
+    """A copy of the built project (tiny in its store) with `recipe` built too (hash seed 1):
+    for module fixtures of recipes that share tiny's early stages."""
+    project = tmp_path_factory.mktemp(recipe) / "proj"
+    shutil.copytree(built, project, symlinks=True)
+    return project, doit(project, f"manifest:{recipe}", env={"PYTHONHASHSEED": "1"})
+
+
 @pytest.fixture
 def fresh(tmp_path) -> Path:
     """A private copy of the project with an empty store."""

@@ -3,20 +3,17 @@ seeds: set and dict orders must not reach an artifact), and the LoRA variant."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
-from conftest import ALL_STAGES, doit
+from conftest import ALL_STAGES, build_beside, doit
 from test_pipeline import artifact
 
 
 @pytest.fixture(scope="module")
 def built_lora(built, tmp_path_factory):
     """The built project with tiny_lora built too (hash seed 1)."""
-    project = tmp_path_factory.mktemp("lora") / "proj"
-    shutil.copytree(built, project, symlinks=True)
-    run = doit(project, "manifest:tiny_lora", env={"PYTHONHASHSEED": "1"})
+    project, run = build_beside(built, tmp_path_factory, "tiny_lora")
     assert run.rc == 0, run.out[-3000:]
     assert run.stages_ran("tiny_lora") == ALL_STAGES - {"base", "shards"}  # shared with tiny
     assert run.seconds < 180, run.seconds

@@ -85,25 +85,23 @@ def test_rewards_check_answers_and_fail_in_one_line():
         reward_function("nope")
 
 
-def test_grpo_raises_the_heldout_reward(built, tmp_path):
+def test_grpo_raises_the_heldout_reward(warm):
     """GRPO from tiny's SFT model (a reward needs a model that is sometimes right): the mean
     exact-answer reward of greedy answers to held-out additions goes up."""
-    project = tmp_path / "proj"
-    shutil.copytree(built, project, symlinks=True)
+    project = warm
     evaluation = built_eval(project, "tiny_grpo")
     assert evaluation["trained"]["reward"] > evaluation["base"]["reward"]
     steps = [json.loads(line) for line in (artifact(project, "checkpoint", "tiny_grpo") / "metrics.jsonl").read_text().splitlines()]
     assert "reward" in steps[-1]
 
 
-def test_a_reward_that_raises_stops_grpo_in_one_line(built, tmp_path):
+def test_a_reward_that_raises_stops_grpo_in_one_line(warm):
     """gsm8k's reward on references without '####' raises: one line naming train.reward, store unchanged."""
     import yaml
 
     from conftest import snapshot
 
-    project = tmp_path / "proj"
-    shutil.copytree(built, project, symlinks=True)
+    project = warm
     recipe = yaml.safe_load((project / "recipes" / "tiny_grpo.yaml").read_text())
     recipe["train"]["reward"] = "gsm8k"
     (project / "recipes" / "tiny_grpo.yaml").write_text(yaml.safe_dump(recipe))

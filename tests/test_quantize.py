@@ -4,11 +4,10 @@ in accuracy for the bytes it saves. Built on tiny, on CPU (recipes/tiny_mxfp4.ya
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
-from conftest import REPO, doit
+from conftest import REPO, build_beside, doit
 from stages.engine.errors import UserError
 from stages.engine.recipe import load
 from test_pipeline import artifact, pointer
@@ -40,9 +39,7 @@ def test_a_bad_scheme_is_one_line_naming_the_key(tmp_path, written):
 @pytest.fixture(scope="module")
 def both(built, tmp_path_factory):
     """The built project with tiny_mxfp4 (FP8 and MXFP4) built too."""
-    project = tmp_path_factory.mktemp("mxfp4") / "proj"
-    shutil.copytree(built, project, symlinks=True)
-    run = doit(project, "manifest:tiny_mxfp4", env={"PYTHONHASHSEED": "1"})
+    project, run = build_beside(built, tmp_path_factory, "tiny_mxfp4")
     assert run.rc == 0, run.out[-3000:]
     assert run.stages_ran("tiny_mxfp4") == {"quantized", "eval", "manifest"}  # the rest is tiny's
     return project

@@ -345,7 +345,7 @@ class Reporter(ConsoleReporter):
 
     def complete_run(self):
         super().complete_run()
-        st, lines, recipes = store(), [], []
+        st, lines, recipes = store(), [], {}
         for name, how, seconds in self.rows:
             stage, _, recipe_name = name.partition(":")
             ptr = st.pointer(recipe_name, stage) if recipe_name else None
@@ -353,7 +353,7 @@ class Reporter(ConsoleReporter):
                 continue  # not a stage task (check, verify, show...)
             took = f"{seconds:7.1f}s" if seconds is not None else " " * 8
             lines.append(f"  {name:<24} {how:<7}{took}  {ptr['digest'][:12] if ptr and how != 'FAILED' else ''}")
-            recipes += [recipe_name] if recipe_name not in recipes else []
+            recipes[recipe_name] = None  # in the order they ran
         if not lines:
             return
         self.write("summary\n" + "\n".join(lines) + "\n")
