@@ -1,8 +1,9 @@
 """SFT: TRL's SFTTrainer over the packed shards as they are (no re-tokenization, no
-re-packing), with the plan's batch shape; the loss is the model's own (bench/train_speed.py
-builds its trainer here too)."""
+re-packing), with the plan's batch shape; the loss is the model's own loss function, computed
+on the positions that have a target only (bench/train_speed.py builds its trainer here too)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,24 +25,78 @@ def dataset(shards: Path, tok=None):
 
 def collate(rows):
     """Packed rows are already full length: stack them. No attention mask, so the model
-    builds a causal mask per document from the restarting position ids."""
+    builds a causal mask per document from the restarting position ids. loss_rows: the
+    flattened positions whose next token is a target, found here on the CPU so that
+    selecting them on the GPU needs no host sync."""
     import torch
 
-    return {k: torch.tensor([r[k] for r in rows], dtype=torch.long)
-            for k in ("input_ids", "labels", "position_ids")}
+    batch = {k: torch.tensor([r[k] for r in rows], dtype=torch.long)
+             for k in ("input_ids", "labels", "position_ids")}
+    targets = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=packed.IGNORE)
+    batch["loss_rows"] = (targets.flatten() != packed.IGNORE).nonzero().squeeze(1)
+    return batch
+
+
+class TargetRowsHead:
+    """A forward pre-hook on the output embeddings: only the positions that have a target go
+    through the LM head and the loss. A prompt token, a padding token or a document's last
+    token has none, yet the model's own loss computes its logits (a 152k vocabulary: 2.5
+    GFLOP per token forward and backward on an 8B model) and its fp32 softmax, then ignores
+    them. The model's forward runs unchanged otherwise (an elementwise logit softcap still
+    applies); models that add a router loss to the loss inside the forward keep it whole."""
+
+    def __init__(self, model):
+        from stages.train.settings import without_peft
+
+        config = without_peft(model).config
+        self.usable = not getattr(config, "output_router_logits", False) and model.get_output_embeddings() is not None
+        self.rows = None
+        if self.usable:
+            model.get_output_embeddings().register_forward_pre_hook(self.select)
+
+    def select(self, module, args):
+        if self.rows is None:
+            return None
+        hidden = args[0]
+        return (hidden.flatten(0, -2)[self.rows],) + args[1:]
+
+    @contextmanager
+    def only(self, rows):
+        self.rows = rows
+        try:
+            yield
+        finally:
+            self.rows = None
 
 
 def model_loss_trainer():
-    """SFTTrainer whose loss is the model's own (cross-entropy on the shard's labels, inside the
-    forward, normalized by the batch's loss tokens as TRL's is). TRL's default runs its chunked
-    LM head instead, which also computes entropy and token accuracy for the logs: three host
-    syncs and extra passes over the vocabulary per micro-batch (bench/step_profile.py times both)."""
+    """SFTTrainer whose loss is the model's own loss function (cross-entropy on the shard's
+    labels, normalized by the batch's loss tokens as TRL's is), on the target rows only
+    (TargetRowsHead). TRL's default runs its chunked LM head instead, which also computes
+    entropy and token accuracy for the logs: three host syncs and extra passes over the
+    vocabulary per micro-batch (bench/step_profile.py times both)."""
+    import torch
     from transformers import Trainer
     from trl import SFTTrainer
 
+    from stages.train.settings import without_peft
+
     class ModelLossSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+            inputs = dict(inputs)
+            rows = inputs.pop("loss_rows")
+            if return_outputs or not self.head.usable:
+                return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+            labels = inputs.pop("labels")
+            targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=packed.IGNORE).flatten()[rows]
+            with self.head.only(rows):
+                logits = model(**inputs).logits
+            base = without_peft(self.accelerator.unwrap_model(model))
+            loss = base.loss_function(logits=logits, labels=None, shift_labels=targets,
+                                      vocab_size=logits.shape[-1], num_items_in_batch=num_items_in_batch)
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * self.accelerator.num_processes  # as Trainer.compute_loss scales its own
+            return loss
 
     return ModelLossSFTTrainer
 
@@ -51,5 +106,7 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     from trl import SFTConfig
 
     args = SFTConfig(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
-    return model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,
-                                data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)
+    run = model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,
+                               data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)
+    run.head = TargetRowsHead(run.model)
+    return run

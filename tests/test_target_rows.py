@@ -1,0 +1,77 @@
+"""SFT's loss on the target rows only (stages/train/sft.TargetRowsHead) is the model's own loss:
+the same value and the same gradients as the model's forward with labels, for LoRA and for
+full weights, on packed rows with prompts, documents and padding."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.data.packed import IGNORE
+from stages.engine.recipe import TrainSection
+from stages.model.tiny import char_tokenizer
+from stages.train import sft
+
+
+def packed_batch(vocab: int, rows: int = 3, length: int = 64, seed: int = 0) -> list[dict]:
+    """Rows of two or three documents each (prompt masked, completion labelled) and padding."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(rows):
+        ids, labels, pos = [], [], []
+        for n in (20, 17, 11):
+            doc = torch.randint(10, vocab, (n,), generator=g).tolist()
+            prompt = n // 3
+            ids += doc
+            labels += [IGNORE] * prompt + doc[prompt:]
+            pos += list(range(n))
+        pad = length - len(ids)
+        out.append({"input_ids": ids + [0] * pad, "labels": labels + [IGNORE] * pad,
+                    "position_ids": pos + list(range(pad))})
+    return out
+
+
+def model_and_trainer(tmp_path, peft: str):
+    from datasets import Dataset
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, use_cache=False))
+    rows = packed_batch(len(tok))
+    t = TrainSection(peft=peft, lora={"r": 4, "alpha": 8}, max_steps=1, micro_batch_size=len(rows))
+    plan = {"device": "cpu", "dtype": "float32", "micro_batch_size": len(rows), "grad_accum": 1}
+    run = sft.make_trainer(model, Dataset.from_list(rows), tok, plan, t, tmp_path / "work")
+    return run, sft.collate(rows)
+
+
+@pytest.mark.parametrize("peft", ["lora", "none"])
+def test_target_rows_loss_and_gradients_equal_the_models_own(tmp_path, peft):
+    from transformers import Trainer
+
+    run, batch = model_and_trainer(tmp_path, peft)
+    assert run.head.usable
+    n = (torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=IGNORE) != IGNORE).sum()
+    assert len(batch["loss_rows"]) == n  # one row per target: prompts, document ends and padding have none
+    model = run.model
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    ours = run.compute_loss(model, batch, num_items_in_batch=n)
+    ours_grads = torch.autograd.grad(ours, params)
+    own_inputs = {k: v for k, v in batch.items() if k != "loss_rows"}
+    own = Trainer.compute_loss(run, model, own_inputs, num_items_in_batch=n)
+    own_grads = torch.autograd.grad(own, params)
+
+    assert ours.item() == pytest.approx(own.item(), rel=1e-5)
+    for a, b in zip(ours_grads, own_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_head_sees_only_the_target_rows(tmp_path):
+    run, batch = model_and_trainer(tmp_path, "lora")
+    seen = []
+    run.model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    run.compute_loss(run.model, batch, num_items_in_batch=len(batch["loss_rows"]))
+    assert seen == [torch.Size([len(batch["loss_rows"]), run.model.get_output_embeddings().out_features])]
+    assert len(batch["loss_rows"]) < batch["input_ids"].numel() * 0.75
