@@ -41,7 +41,9 @@ def build(ctx, out: Path) -> None:
     set_seed(t.seed)
 
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    model = trainer.trainable_model(ctx.upstream["base"], plan, getattr(method, "HEAD", "causal_lm"))
+    model = trainer.trainable_model(ctx.upstream["base"], plan, getattr(method, "HEAD", "causal_lm"), t.peft)
+    ctx.log.info("base loaded in %s", "4-bit NF4 (bitsandbytes), bf16 compute" if getattr(model, "is_loaded_in_4bit", False)
+                 else plan["dtype"])
     ctx.work.mkdir(parents=True, exist_ok=True)
     run = method.make_trainer(model, method.dataset(ctx.upstream["shards"], tok), tok, plan, t, ctx.work)
     trainer.train(run, plan, t.max_steps, ctx.work, ctx.log, ctx.run)

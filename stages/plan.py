@@ -50,6 +50,9 @@ def extra_inputs(recipe, root: Path, store) -> dict:
 def build(ctx, out: Path) -> None:
     r = ctx.recipe
     facts = device_facts(r.hardware)
+    if r.train.peft == "qlora" and facts["device"] != "cuda":
+        raise UserError(f"recipe train.peft: qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; "
+                        f"hardware.profile is {r.hardware.profile}: use peft: lora on this machine")
     decisions = {
         "device": facts["device"],
         "dtype": "float32",

@@ -45,9 +45,14 @@ def estimate_gib(s: dict, peft: str, micro_batch: int, length: int) -> float:
     """At the recipe's micro-batch with full activation checkpointing (the plan's safe setting;
     the probe spends what is left on speed): bf16 weights; for full training bf16 gradients and
     AdamW's two bf16 moments; each layer's checkpointed input, one layer's activations (34 bytes
-    per token and hidden unit), and the logits (bf16, fp32 and its gradient)."""
+    per token and hidden unit), and the logits (bf16, fp32 and its gradient). QLoRA keeps the
+    decoder layers' linear weights in 4-bit NF4 (0.53 bytes a weight with its double-quantized
+    scales) and the embeddings in bf16."""
     tokens = micro_batch * length
     weights = 2 * parameters(s) * (4 if peft == "none" else 1)
+    if peft == "qlora":
+        embeddings = s["vocab"] * s["hidden"] * (1 if s["tied"] else 2)
+        weights = 0.53 * (parameters(s) - embeddings) + 2 * embeddings
     activations = tokens * s["hidden"] * (2 * s["layers"] + 34) + tokens * s["vocab"] * 10
     return (weights + activations) / GIB
 

@@ -115,6 +115,25 @@ def test_a_reward_that_raises_stops_grpo_in_one_line(warm):
         {k for k in before if "/checkpoint/" in k or k.startswith("tiny_grpo/checkpoint")}
 
 
+def test_qlora_on_the_cpu_stops_in_one_line(warm):
+    """QLoRA's 4-bit base needs bitsandbytes on a GPU: the plan says so in one line, nothing stored."""
+    import yaml
+
+    from conftest import snapshot
+
+    recipe = yaml.safe_load((warm / "recipes" / "tiny_lora.yaml").read_text())
+    recipe["train"]["peft"] = "qlora"
+    (warm / "recipes" / "tiny_qlora.yaml").write_text(yaml.safe_dump(recipe))
+    before = snapshot(warm)
+    run = doit(warm, "checkpoint:tiny_qlora")
+    assert run.rc != 0
+    assert "recipe train.peft: qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; " \
+           "hardware.profile is cpu: use peft: lora on this machine" in run.out
+    assert "Traceback" not in run.out
+    assert {k for k in snapshot(warm) if "/plan/" in k or "/checkpoint/" in k} == \
+        {k for k in before if "/plan/" in k or "/checkpoint/" in k}
+
+
 def test_moe_lora_trains_the_experts(fresh):
     """LoRA on a Qwen3-MoE's fused expert weights (PEFT target_parameters): the expert adapters
     get gradients, end up changed from their zero start, and move the merged experts."""

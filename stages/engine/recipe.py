@@ -133,7 +133,7 @@ class LoraSection(Section):
 
 class TrainSection(Section):
     method: Literal["sft", "cpt", "dpo", "orpo", "grpo", "reward"] = "sft"
-    peft: Literal["none", "lora"] = "none"
+    peft: Literal["none", "lora", "qlora"] = "none"  # qlora: LoRA over the base loaded in 4-bit NF4 (CUDA)
     lora: LoraSection = LoraSection()
     lr: float = Field(1e-3, gt=0)
     max_steps: int = Field(100, gt=0)

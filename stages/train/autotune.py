@@ -16,9 +16,11 @@ data (editing a row does not re-plan). Steps run under bf16 autocast, as the Tra
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 import time
+from pathlib import Path
 
-from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, rocm_env, sdpa_backend,
+from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, nf4_config, rocm_env, sdpa_backend,
                                    training_mode)
 
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
@@ -146,12 +148,21 @@ def probe(config_dir, recipe, log) -> dict:
     deadline = time.monotonic() + recipe.autotune.budget_seconds
     total = torch.cuda.get_device_properties(0).total_memory
 
+    weights = tempfile.TemporaryDirectory(prefix="mindxtrain-probe-")  # qlora: random weights to load in 4-bit
+
     def build(setting):
         os.environ.update(rocm_env(setting["rocm_fa_library"]))
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        if t.peft == "qlora":  # bitsandbytes quantizes while loading, so the 4-bit model comes from saved weights
+            if not any(Path(weights.name).iterdir()):
+                AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(weights.name)
+            model = AutoModelForCausalLM.from_pretrained(weights.name, dtype=torch.bfloat16,
+                                                         quantization_config=nf4_config(),
+                                                         device_map={"": torch.cuda.current_device()})
+        else:
+            with torch.device("cuda"):
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         model.config.use_cache = False
-        if t.peft == "lora":
+        if t.peft != "none":
             from peft import get_peft_model
 
             model = get_peft_model(model, lora_config(t))
@@ -209,6 +220,7 @@ def probe(config_dir, recipe, log) -> dict:
     found = search(measure, attention_candidates({"hip": torch.version.hip}),
                    t.global_batch, deadline, total)
     built.update(key=None, model=None)
+    weights.cleanup()
     torch.cuda.empty_cache()
     torch._dynamo.reset()
     return found

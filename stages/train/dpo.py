@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stages.train.pairs import preference_texts
-from stages.train.settings import lora_config
+from stages.train.settings import peft_config
 from stages.train.trainer import plan_args
 
 
@@ -26,4 +26,4 @@ def pairwise_trainer(config, trainer, model, train, tok, plan: dict, t, output_d
     args = config(**plan_args(plan, t, output_dir), beta=t.beta,
                   max_length=None)  # the shards stage already applied data.max_length
     return trainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                   peft_config=lora_config(t) if t.peft == "lora" else None)
+                   peft_config=peft_config(t))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stages.train.pairs import prompt_texts
 from stages.train.rewards import reward_function
-from stages.train.settings import lora_config
+from stages.train.settings import peft_config
 from stages.train.trainer import plan_args
 
 
@@ -34,4 +34,4 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     args = GRPOConfig(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
                       max_completion_length=t.max_completion_length)
     return GRPOTrainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
-                       processing_class=tok, peft_config=lora_config(t) if t.peft == "lora" else None)
+                       processing_class=tok, peft_config=peft_config(t))

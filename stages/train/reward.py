@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stages.train.pairs import preference_ids
-from stages.train.settings import lora_config
+from stages.train.settings import peft_config
 from stages.train.trainer import plan_args
 
 HEAD = "score"  # checkpoint loads the base with a scoring head (trainer.trainable_model)
@@ -25,4 +25,4 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
     args = RewardConfig(**plan_args(plan, t, output_dir),
                         max_length=None)  # the shards stage already applied data.max_length
     return RewardTrainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                         peft_config=lora_config(t, "SEQ_CLS") if t.peft == "lora" else None)
+                         peft_config=peft_config(t, "SEQ_CLS"))

@@ -14,6 +14,28 @@ def lora_config(t, task_type: str = "CAUSAL_LM"):
                       task_type=task_type)
 
 
+def peft_config(t, task_type: str = "CAUSAL_LM"):
+    """The adapter TRL wraps the model in: LoRA for lora and qlora (whose base is loaded in
+    4-bit by trainable_model), none for full weights."""
+    return None if t.peft == "none" else lora_config(t, task_type)
+
+
+def nf4_config():
+    """QLoRA's base: bitsandbytes NF4 with double quantization, bf16 compute (the QLoRA paper's
+    setting); the one-line error where bitsandbytes is not installed."""
+    import importlib.util
+
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    from stages.engine.errors import UserError
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError("train.peft: qlora needs bitsandbytes: pip install 'mindxtrain[qlora]' (or use peft: lora)")
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
 def rocm_env(library: str | None) -> dict[str, str]:
     """The environment switch that selects the ROCm flash-attention library (none: torch's default)."""
     return {} if library is None else {"TORCH_ROCM_FA_PREFER_CK": "1" if library == "ck" else "0"}

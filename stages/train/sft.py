@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from stages.data import packed
-from stages.train.settings import lora_config
+from stages.train.settings import peft_config, without_peft
 from stages.train.trainer import plan_args
 
 
@@ -46,8 +46,6 @@ class TargetRowsHead:
     applies); models that add a router loss to the loss inside the forward keep it whole."""
 
     def __init__(self, model):
-        from stages.train.settings import without_peft
-
         config = without_peft(model).config
         self.usable = not getattr(config, "output_router_logits", False) and model.get_output_embeddings() is not None
         self.rows = None
@@ -79,8 +77,6 @@ def model_loss_trainer():
     from transformers import Trainer
     from trl import SFTTrainer
 
-    from stages.train.settings import without_peft
-
     class ModelLossSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs = dict(inputs)
@@ -107,6 +103,6 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
 
     args = SFTConfig(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
     run = model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,
-                               data_collator=collate, peft_config=lora_config(t) if t.peft == "lora" else None)
+                               data_collator=collate, peft_config=peft_config(t))
     run.head = TargetRowsHead(run.model)
     return run

@@ -8,24 +8,28 @@ import shutil
 from pathlib import Path
 
 from stages.model.trained import dequantized
-from stages.train.settings import apply_settings, training_context
+from stages.train.settings import apply_settings, nf4_config, training_context
 
 COMPLETE = "mindxtrain-complete"
 METHOD_LOGS = ("rewards/margins", "rewards/accuracies", "reward", "reward_std", "accuracy", "margin")  # TRL's, per method
 SET_VALUED = ("target_modules", "exclude_modules")  # adapter_config.json fields PEFT keeps as sets
 
 
-def trainable_model(base: Path, plan: dict, head: str = "causal_lm"):
+def trainable_model(base: Path, plan: dict, head: str = "causal_lm", peft: str = "none"):
     """The base model in the plan's dtype with the plan's settings applied; head "score" puts a
-    one-output scoring head on it (a reward model), as TRL's RewardTrainer loads one."""
+    one-output scoring head on it (a reward model), as TRL's RewardTrainer loads one; peft
+    "qlora" loads the base's linear layers in 4-bit NF4 on the GPU (TRL then puts LoRA on it)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     dtype = getattr(torch, plan["dtype"])
+    load = dequantized(base)
+    if peft == "qlora":
+        load = {"quantization_config": nf4_config(), "device_map": {"": torch.cuda.current_device()}}
     if head == "score":
-        model = AutoModelForSequenceClassification.from_pretrained(base, dtype=dtype, num_labels=1, **dequantized(base))
+        model = AutoModelForSequenceClassification.from_pretrained(base, dtype=dtype, num_labels=1, **load)
     else:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **dequantized(base))
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **load)
     model.config.use_cache = False
     apply_settings(model, plan)
     return model
@@ -112,7 +116,7 @@ def save(trainer, tok, peft: str, out: Path) -> None:
             if "loss" in entry:
                 f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate") + METHOD_LOGS
                                     if k in entry}, sort_keys=True) + "\n")
-    if peft == "lora":
+    if peft != "none":
         trainer.model.save_pretrained(out / "adapter")
         (out / "adapter" / "README.md").unlink(missing_ok=True)  # a model card with local paths
         cfg_path = out / "adapter" / "adapter_config.json"
