@@ -1,7 +1,6 @@
 """Data preparation throughput: mindxtrain's shards stage vs TRL's own tokenize + pack.
 
-One run, same rows, same tokenizer (a byte-level BPE trained here on GSM8K text, with
-Qwen3's own chat template), same sequence length, same number of processes:
+One run, same rows, same tokenizer, same sequence length, same number of processes:
 
   trl   SFTTrainer(...) on the rows as a datasets JSON dataset: its own dataset preparation
         (chat template, tokenization, assistant-only masks, BFD packing) with
@@ -12,39 +11,123 @@ Qwen3's own chat template), same sequence length, same number of processes:
   ours_exact_dedupe_only  the same with near dedupe off (closer to what TRL does: it
         does no dedupe at all)
 
+Corpus (--corpus):
+  real (the default)  chat rows of real text with a real long tail, regenerated offline from
+        sources anyone can name: user turns are the real prompts of ../shared/datasets (GSM8K
+        questions, HH-RLHF human turns, MT-Bench, FastChat's sample); assistant turns are
+        consecutive excerpts (lognormal length, median 500 characters, cut at line ends) of
+        Python source as people write it: CPython's standard library (its tests hold many
+        scripts and much Unicode) and the installed packages this project pins (torch,
+        transformers, ...), in sorted path order; every other turn starts with a real answer
+        (GSM8K's worked solutions, HH-RLHF's assistant turns). The excerpts are read once each
+        until the ~400 MB of source runs out (about 600k rows), then again with boundaries
+        shifted by half an excerpt. Tokenizer: Qwen3's real one (../shared/tokenizers/qwen3,
+        151,669 tokens) on a tiny Qwen3 with vocab_size 151,936.
+  synthetic  the earlier best case, kept for comparison: random draws from GSM8K's few
+        thousand distinct words, with an 8,192-token BPE trained on those rows.
+
 Each runs in its own process; rows/s and tokens/s are counted on rows in, peak RSS comes from
 the kernel (wait4). Prints a table and writes it as JSON under bench/results/. TRL's datasets
-cache for 1M rows takes about 37 GB of disk; on a smaller disk --trl-rows gives it a prefix.
+cache for 1M rows takes tens of GB of disk; on a smaller disk --trl-rows gives it a prefix.
 
     python bench/data_prep.py --rows 1000000 --out bench/results/data_prep_1m.json [--only trl ours]
 """
 from __future__ import annotations
 
 import argparse
+import gzip
+import itertools
 import json
+import math
 import os
 import random
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "datasets"
+SHARED = REPO.parent / "shared"
 VARIANTS = ["trl", "ours", "ours_exact_dedupe_only"]
+EXCERPT_MEDIAN = 500  # characters
+
+
+def real_prompts_and_answers() -> tuple[list[str], list[str]]:
+    """The real user prompts and assistant answers of ../shared/datasets, in file order."""
+    prompts, answers = [], []
+    d = SHARED / "datasets"
+    for name in ("train.jsonl", "test.jsonl"):
+        for line in (d / "gsm8k" / name).read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            prompts.append(row["question"])
+            answers.append(row["answer"])
+    with gzip.open(d / "hh-rlhf-harmless" / "test.jsonl.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            for turn in json.loads(line)["chosen"].split("\n\nHuman: ")[1:]:
+                human, _, assistant = turn.partition("\n\nAssistant: ")
+                prompts.append(human.strip())
+                if assistant.strip():
+                    answers.append(assistant.strip())
+    for line in (d / "mt-bench" / "question.jsonl").read_text(encoding="utf-8").splitlines():
+        prompts += json.loads(line)["turns"]
+    for conv in json.loads((d / "fastchat-dummy-conversation" / "dummy_conversation.json").read_text(encoding="utf-8")):
+        prompts += [m["value"] for m in conv["conversations"] if m["from"] == "human"]
+    return [p for p in prompts if p.strip()], answers
+
+
+def source_files() -> list[Path]:
+    """CPython's standard library and the installed packages' Python sources, sorted."""
+    paths = sysconfig.get_paths()
+    roots = sorted({Path(paths["stdlib"]), Path(paths["purelib"]), Path(paths["platlib"])})
+    return sorted({p for root in roots for p in root.rglob("*.py") if p.is_file()})
+
+
+def excerpts(rng: random.Random):
+    """Consecutive excerpts of the source files, lognormal in length, cut at line ends; once the
+    files run out, again with boundaries shifted by half an excerpt."""
+    files = source_files()
+    for shift in itertools.count():
+        carry = ""
+        for path in files:
+            text = carry + path.read_text(encoding="utf-8", errors="replace")
+            at = (EXCERPT_MEDIAN // 2) * (shift % 2) if not carry else 0
+            while True:
+                want = int(min(8000, max(20, rng.lognormvariate(math.log(EXCERPT_MEDIAN), 0.8))))
+                end = text.find("\n", at + want)
+                if end < 0:
+                    carry = text[at:]
+                    break
+                yield text[at:end]
+                at = end + 1
+
+
+def make_real_rows(path: Path, n: int, seed: int = 0) -> None:
+    """n chat rows, 1-3 turns: a real prompt, then an excerpt of real source (half of them
+    after a real answer); a system prompt on a quarter of the rows."""
+    rng = random.Random(seed)
+    prompts, answers = real_prompts_and_answers()
+    source = excerpts(random.Random(seed + 1))
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            messages = [{"role": "system", "content": "You are a careful assistant."}] if i % 4 == 0 else []
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                answer = next(source)
+                if rng.random() < 0.5:
+                    answer = rng.choice(answers) + "\n\n" + answer
+                messages += [{"role": "user", "content": rng.choice(prompts)}, {"role": "assistant", "content": answer}]
+            f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
 
 
 def words_corpus() -> list[str]:
-    """Real words to build rows from: GSM8K text where present, else a fixed list."""
-    path = SHARED / "gsm8k" / "train.jsonl"
-    if path.is_file():
-        text = " ".join(json.loads(line)["question"] for line in path.read_text().splitlines())
-        return sorted(set(text.split()))
-    return [f"w{i}" for i in range(5000)]
+    """The synthetic case's words: GSM8K's distinct words."""
+    text = " ".join(json.loads(line)["question"]
+                    for line in (SHARED / "datasets" / "gsm8k" / "train.jsonl").read_text().splitlines())
+    return sorted(set(text.split()))
 
 
-def make_rows(path: Path, n: int, seed: int = 0) -> None:
+def make_synthetic_rows(path: Path, n: int, seed: int = 0) -> None:
     """n distinct chat rows, 1-3 turns, answer lengths lognormal (median ~120 words)."""
     rng, words = random.Random(seed), words_corpus()
     with open(path, "w") as f:
@@ -57,11 +140,28 @@ def make_rows(path: Path, n: int, seed: int = 0) -> None:
             f.write(json.dumps({"messages": messages}) + "\n")
 
 
-def make_base(path: Path, corpus: Path) -> None:
-    """A tiny Qwen3 with a BPE tokenizer trained on the rows' words and Qwen3's chat template."""
+def tiny_qwen3(path: Path, tok) -> None:
+    """A one-layer Qwen3 around `tok` (TRL's trainer needs a model; ours reads its tokenizer)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=max(len(tok), 151936 if len(tok) > 150000 else 0), hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+def make_real_base(path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tiny_qwen3(path, AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen3"))
+
+
+def make_synthetic_base(path: Path, corpus: Path) -> None:
+    """A BPE tokenizer trained on the rows' words, with Qwen3's chat template."""
     import trl
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
@@ -72,11 +172,7 @@ def make_base(path: Path, corpus: Path) -> None:
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    Qwen3ForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
+    tiny_qwen3(path, tok)
 
 
 TRL_CHILD = r'''
@@ -113,6 +209,7 @@ def run_measured(cmd: list[str], cwd: Path) -> tuple[str, float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--corpus", choices=("real", "synthetic"), default="real")
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--procs", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "data_prep.json"))
@@ -123,9 +220,13 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-data-"))
     rows = work / "rows.jsonl"
-    make_rows(rows, a.rows)
-    make_base(work / "base", rows)
-    print(f"{a.rows} rows ({rows.stat().st_size / 2**20:.0f} MiB) in {work}", flush=True)
+    if a.corpus == "real":
+        make_real_rows(rows, a.rows)
+        make_real_base(work / "base")
+    else:
+        make_synthetic_rows(rows, a.rows)
+        make_synthetic_base(work / "base", rows)
+    print(f"{a.corpus} corpus: {a.rows} rows ({rows.stat().st_size / 2**20:.0f} MiB) in {work}", flush=True)
 
     results = {}
     if "trl" in a.only:
@@ -164,7 +265,7 @@ def report(a, results: dict) -> None:
     """Print the table and write the JSON; called after each variant, so a run cut short
     still leaves the variants that finished."""
     trl = results.get("trl")
-    table = {"rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(), **results}
+    table = {"corpus": a.corpus, "rows": a.rows, "max_length": a.max_length, "procs": a.procs, "cpus": os.cpu_count(), **results}
     for r in results.values():
         r["rows_per_s"] = round(r.get("rows", a.rows) / r["seconds"], 1)
         r["tokens_per_s"] = round(r["tokens"] / r["seconds"], 1)

@@ -1,6 +1,7 @@
-"""The word cache gives the Rust tokenizer's own ids, and the same loss masks, on every real row
-in ../shared/datasets and on text built to trip it: Unicode classes, case folding, line
-breaks, non-NFC text, added tokens inside words."""
+"""The word cache, and the tiktoken encoder where it is taken, give the Rust tokenizer's own ids,
+and the same loss masks, on every real row in ../shared/datasets, on Python source and on text
+built to trip them: Unicode classes and scripts, case folding, line breaks, non-NFC text,
+added tokens inside words."""
 from __future__ import annotations
 
 import gzip
@@ -15,10 +16,12 @@ import trl
 
 from stages.data import template
 from stages.model.tiny import char_tokenizer
+from stages.data.tiktoken_encoder import TiktokenEncoder, encode_texts
 from stages.data.word_cache import BYTE_LEVEL_PATTERN, O200K_PATTERN, QWEN_PATTERN, SPACE_CUT_PATTERNS, WordCache, \
-    ascii_version, encode_texts, joined_where_not_cut
+    ascii_version, joined_where_not_cut
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+QWEN3 = SHARED.parent / "tokenizers" / "qwen3"
 TRICKY = ("é", "É", "³", "½", "Ⅻ", "\u00a0", "\u2028", "\x85", "\u3000", "\u200b", "ſ", "K", "ﬆ", "İ", "ı",
           "\u0301", "e\u0301", "中文", "😀", "’", "€", "—", "\r\n", "\n\n", "\t", "'s", "'S", "'ll", "'LL",
           "12345", " ", "  ", "<|im_end|>", "<think>", "a<|im_start|>b", "thinking", "'", "\x1c", "_")
@@ -212,3 +215,70 @@ def test_tables_emptied_between_texts_give_the_same_ids(tok):
     assert any(b < a for a, b in zip(stored, stored[1:]))  # emptied along the way
     del cache.MAX_UNITS
     cache.clear()
+
+
+def source_texts(n: int = 400) -> list[str]:
+    """Excerpts of Python source from the standard library (identifiers, numbers, strings,
+    comments, and the Unicode of its tests), 40 lines each."""
+    import sysconfig
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("test/test_*.py"))[:: 5]
+    out = []
+    for path in files:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        out += ["".join(lines[i: i + 40]) for i in range(0, len(lines), 400)]
+    return out[:n]
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    from transformers import AutoTokenizer
+
+    if not QWEN3.is_dir():
+        pytest.skip(f"no Qwen3 tokenizer at {QWEN3}")
+    return AutoTokenizer.from_pretrained(QWEN3)
+
+
+def test_tiktoken_gives_qwen3s_ids_and_token_starts(qwen3):
+    encoder, backend = TiktokenEncoder.of(qwen3), qwen3.backend_tokenizer
+    assert encoder is not None  # Qwen's BPE is a tiktoken rank file converted
+    texts = shared_texts() + fuzz_texts() + source_texts()
+    encoded = encoder.encode_batch(texts)
+    refused = 0
+    for k, text in enumerate(texts):
+        got = encoded[k]
+        if got is None:
+            assert not unicodedata.is_normalized("NFC", text), repr(text)
+            refused += 1
+            continue
+        want = backend.encode(text, add_special_tokens=False)
+        assert got[0].tolist() == want.ids, repr(text)
+        assert got[1].tolist() == [a for a, _ in want.offsets], repr(text)
+    assert refused < len(texts) / 4
+
+
+def test_tiktoken_masks_equal_the_tokenizer_offsets(qwen3):
+    """Qwen3's template over real rows, source and fuzzed text: the tiktoken path and the Rust
+    offsets give the same ids and loss masks, and the tiktoken path takes most rows."""
+    rng = random.Random(3)
+    texts = shared_texts()[:1500] + source_texts(300) + fuzz_texts(600)
+    conversations = [[{"role": "user", "content": texts[i]}, {"role": "assistant", "content": texts[i + 1]},
+                      {"role": "user", "content": rng.choice(texts)}, {"role": "assistant", "content": texts[i + 2]}]
+                     for i in range(0, len(texts) - 3, 3)]
+    special = template.special_table(qwen3)
+    rendered, spans = zip(*(template.render_with_spans(qwen3, m) for m in conversations))
+    fast = template.masked_by_words(TiktokenEncoder.of(qwen3).encode_batch(rendered), rendered, spans, special)
+    taken = 0
+    for text, sp, got in zip(rendered, spans, fast):
+        if got is not None:
+            [(ids, mask)] = template.encode_with_offsets(qwen3, [text], [sp], special)
+            taken += 1
+            assert got[0].tolist() == ids.tolist() and got[1].tolist() == mask.tolist(), repr(text)
+    assert taken > len(conversations) * 0.6
+
+
+def test_tiktoken_is_not_taken_for_a_bpe_trained_by_merges():
+    """A BPE trained here merges only its own pairs; tiktoken would merge any join that is a
+    token, so it is not taken (the word cache is)."""
+    tok = byte_level_bpe(QWEN_PATTERN, nfc=True)
+    assert TiktokenEncoder.of(tok) is None and WordCache.of(tok) is not None

@@ -20,7 +20,7 @@ import numpy as np
 from stages.data import cleaning, rows, template
 from stages.data.prepared import sides
 from stages.data.selection import split_hash
-from stages.data.word_cache import encode_texts
+from stages.data.tiktoken_encoder import encode_texts
 from stages.engine.errors import UserError
 
 BLOCK_BYTES = 1 << 22  # JSON Lines a worker reads and prepares at once (~1,500 chat rows)

@@ -31,7 +31,7 @@ from jinja2.exceptions import TemplateError
 from stages.data import skeleton
 from stages.data.render import dated, for_template, render
 from stages.engine.errors import UserError
-from stages.data.word_cache import WordCache
+from stages.data.tiktoken_encoder import encoder_of
 
 SENTINEL = "\ue000"  # a private-use character: never in real text
 
@@ -219,8 +219,9 @@ def loss_mask(ids: np.ndarray, starts: np.ndarray, nonempty: np.ndarray, spans: 
 
 
 def masked_by_words(encoded, texts: list[str], spans: list, special: np.ndarray) -> list:
-    """(ids, mask) of each text from the word cache's tokens (stages/word_cache.py), or None
-    where the cache has no tokens for the text or a span edge falls inside a word (its tokens
+    """(ids, mask) of each text from a fast encoder's tokens (stages/data/tiktoken_encoder.py's
+    encoder_of: `starts` are where each token's word starts, or each token itself), or None
+    where the encoder has no tokens for the text or a span edge falls inside a word (its tokens
     could then fall on both sides). Every token of a word is masked as the word's start is, by
     loss_mask's rule: the tokens of words that start in a span, and the special tokens of the
     word that starts where it ends. All texts at once, on their characters end to end."""
@@ -269,8 +270,8 @@ def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False)
 
 def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray] | Refused]:
     """(input_ids, loss mask) per conversation, or why the template refused it: through the
-    word cache where it reproduces the tokenizer (stages/word_cache.py), else through the Rust
-    tokenizer."""
+    fastest encoder that reproduces the tokenizer (tiktoken_encoder.encoder_of), else through
+    the Rust tokenizer."""
     out, texts, spans, rendered = [], [], [], []
     for k, m in enumerate(conversations):
         try:
@@ -282,8 +283,8 @@ def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray,
         texts.append(text)
         spans.append(sp)
         rendered.append(k)
-    special, cache = special_table(tok), WordCache.of(tok)
-    done = masked_by_words(cache.encode_batch(texts), texts, spans, special) if cache else [None] * len(texts)
+    special, encoder = special_table(tok), encoder_of(tok)
+    done = masked_by_words(encoder.encode_batch(texts), texts, spans, special) if encoder else [None] * len(texts)
     rest = [j for j, d in enumerate(done) if d is None]
     for j, d in zip(rest, encode_with_offsets(tok, [texts[j] for j in rest], [spans[j] for j in rest], special)):
         done[j] = d

@@ -228,19 +228,6 @@ class Encoded:
         return (self.ids[lo:hi], self.starts[lo:hi]) if self.ok[k] else None
 
 
-def encode_texts(tok, texts: list[str]) -> list[np.ndarray]:
-    """Token ids of each text (no special tokens added): through the word cache where it
-    reproduces the tokenizer, else in one batch call of the Rust tokenizer."""
-    cache, out = WordCache.of(tok), [None] * len(texts)
-    if cache:
-        encoded = cache.encode_batch(texts)
-        out = [None if got is None else got[0] for got in map(encoded.__getitem__, range(len(texts)))]
-    rest = [k for k, ids in enumerate(out) if ids is None]
-    for k, enc in zip(rest, tok.backend_tokenizer.encode_batch([texts[k] for k in rest], add_special_tokens=False)):
-        out[k] = np.array(enc.ids, dtype=np.int32)
-    return out
-
-
 # What Unicode classes hold among ASCII characters ("" for none), as the regex module reads them
 ASCII_MEMBERS = {"L": "a-zA-Z", "Lu": "A-Z", "Ll": "a-z", "Lt": "", "Lm": "", "Lo": "", "M": "", "Mn": "",
                  "Mc": "", "Me": "", "N": "0-9", "Nd": "0-9", "Nl": "", "No": "", "s": "\\t\\n\\x0b\\x0c\\r ",
