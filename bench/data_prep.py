@@ -20,7 +20,7 @@ Corpus (--corpus):
         scripts and much Unicode) and the installed packages this project pins (torch,
         transformers, ...), in sorted path order; every other turn starts with a real answer
         (GSM8K's worked solutions, HH-RLHF's assistant turns). The excerpts are read once each
-        until the ~400 MB of source runs out (about 600k rows), then again with boundaries
+        until the ~530 MB of source runs out (after about 440k rows), then again with boundaries
         shifted by half an excerpt. Tokenizer: Qwen3's real one (../shared/tokenizers/qwen3,
         151,669 tokens) on a tiny Qwen3 with vocab_size 151,936.
   synthetic  the earlier best case, kept for comparison: random draws from GSM8K's few
