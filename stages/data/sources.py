@@ -20,7 +20,7 @@ import numpy as np
 from stages.data import cleaning, rows, template
 from stages.data.prepared import sides
 from stages.data.selection import split_hash
-from stages.data.tiktoken_encoder import encode_texts
+from stages.data.tiktoken_encoder import encode_texts, encoder_of
 from stages.engine.errors import UserError
 
 BLOCK_BYTES = 1 << 22  # JSON Lines a worker reads and prepares at once (~1,500 chat rows)
@@ -162,13 +162,17 @@ def prepare_chunk(records: list[dict], docs: list[dict], data, kind: str) -> dic
     return arrays
 
 
-_worker: dict = {}
+_worker: dict = {}  # the tokenizer and its fast encoder, made here and inherited by the forked workers
 
 
-def _start_worker(base: str) -> None:
+def load_tokenizer(base: str) -> None:
+    """The model's tokenizer and its fast encoder (tiktoken's tables take about a second to
+    build), made once in this process before the workers fork, so none of them builds its own."""
     from transformers import AutoTokenizer
 
-    _worker["tok"] = AutoTokenizer.from_pretrained(base)
+    if _worker.get("base") != base:
+        _worker.update(base=base, tok=AutoTokenizer.from_pretrained(base))
+        encoder_of(_worker["tok"])
 
 
 def prepare_job(index: int, job, src, kind: str, data, out: Path) -> dict:
@@ -228,8 +232,8 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
         progress.update(outcome["rows_in"])
 
     workers = os.cpu_count() or 1
-    with ProcessPoolExecutor(workers, mp_context=get_context("fork"), initializer=_start_worker,
-                             initargs=(str(ctx.upstream["base"]),)) as pool:
+    load_tokenizer(str(ctx.upstream["base"]))
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
         pending = deque()
         try:
             for index, job in enumerate(source_jobs(src, ctx.root, ctx.recipe.data)):

@@ -222,7 +222,8 @@ def masked_by_words(encoded, texts: list[str], spans: list, special: np.ndarray)
     """(ids, mask) of each text from a fast encoder's tokens (stages/data/tiktoken_encoder.py's
     encoder_of: `starts` are where each token's word starts, or each token itself), or None
     where the encoder has no tokens for the text or a span edge falls inside a word (its tokens
-    could then fall on both sides). Every token of a word is masked as the word's start is, by
+    could then fall on both sides; with each token's own start, loss_mask's rule holds as it is
+    and no text is refused for that). Every token of a word is masked as the word's start is, by
     loss_mask's rule: the tokens of words that start in a span, and the special tokens of the
     word that starts where it ends. All texts at once, on their characters end to end."""
     ids, bounds = encoded.ids, encoded.bounds
@@ -238,7 +239,7 @@ def masked_by_words(encoded, texts: list[str], spans: list, special: np.ndarray)
     in_span = np.cumsum(np.bincount(at[:, 0], minlength=n) - np.bincount(at[:, 1], minlength=n))[:-1] > 0
     at_end = np.cumsum(np.bincount(at[:, 1], minlength=n) - np.bincount(end, minlength=n))[:-1] > 0
     mask = (in_span | (at_end & special[ids])).astype(np.uint8)
-    refused = set(owner[inside.any(axis=1)].tolist())
+    refused = set() if encoded.per_token else set(owner[inside.any(axis=1)].tolist())  # (per token: loss_mask's rule)
     return [(ids[bounds[k]: bounds[k + 1]], mask[bounds[k]: bounds[k + 1]])
             if encoded.ok[k] and k not in refused else None for k in range(len(texts))]
 

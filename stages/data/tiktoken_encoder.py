@@ -109,7 +109,7 @@ class TiktokenEncoder:
         chars_before = np.append(0, np.cumsum((everything & 0xC0) != 0x80))
         at = np.minimum(local + np.repeat(byte_base[:-1], counts), max(len(everything) - 1, 0))
         starts = chars_before[at + 1] - 1 - np.repeat(chars_before[byte_base[:-1]], counts)
-        return Encoded(flat, starts.astype(np.int64), bounds.astype(np.int64), ok & tiled)
+        return Encoded(flat, starts.astype(np.int64), bounds.astype(np.int64), ok & tiled, per_token=True)
 
 
 def encoder_of(tok) -> TiktokenEncoder | WordCache | None:

@@ -216,12 +216,13 @@ class WordCache:
 @dataclass
 class Encoded:
     """Texts' tokens, end to end: ids, where (in characters, in its own text) each token's word
-    starts, token `bounds` of each text (n + 1), and `ok`: False for a text whose tokens are
-    not here and must come from the tokenizer itself."""
+    starts (each token's own start where `per_token`), token `bounds` of each text (n + 1), and
+    `ok`: False for a text whose tokens are not here and must come from the tokenizer itself."""
     ids: np.ndarray
     starts: np.ndarray
     bounds: np.ndarray
     ok: np.ndarray
+    per_token: bool = False
 
     def __getitem__(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         lo, hi = self.bounds[k], self.bounds[k + 1]
