@@ -217,7 +217,7 @@ def run_one(name: str, work: Path) -> dict:
         "train": {"peft": "lora", "lora": {"r": 16, "alpha": 32}, "micro_batch_size": BATCH},
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": PROBE_BUDGET}})
     start = time.perf_counter()
-    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
+    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"), recipe.train.global_batch)
     found = {"decisions": found["decisions"], "probe_seconds": round(time.perf_counter() - start, 1)}
     return {**run_ours(name, rows, tok, found["decisions"], work), "found": found}
 

@@ -1,0 +1,108 @@
+"""hardware.gpus: 2 on CPU: the checkpoint stage trains in two processes (torchrun, gloo; DDP,
+since accelerate runs FSDP on accelerator devices only: stages/train/trainer.distributed_args),
+each taking half of the global batch, and writes the artifact a single process writes; killed,
+it resumes from its last saved step as one process does."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors import safe_open
+
+from conftest import NO_NETWORK, REPO, copy_project, doit
+from test_pipeline import artifact
+
+STEPS = 6
+
+
+def recipe(gpus: int) -> str:
+    """tiny for a few steps, saved every 3, in `gpus` processes (profile cpu: one process per 'gpu')."""
+    text = (REPO / "recipes" / "tiny.yaml").read_text()
+    text = text.replace("  max_steps: 150\n", f"  max_steps: {STEPS}\n").replace("  save_steps: 20\n", "  save_steps: 3\n")
+    return text.replace("  profile: cpu\n", f"  profile: cpu\n  gpus: {gpus}\n")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A project with tiny_gpus1 and tiny_gpus2 (same model, data, seed and global batch) trained."""
+    project = copy_project(tmp_path_factory.mktemp("distributed"))
+    runs = {}
+    for gpus in (1, 2):
+        (project / "recipes" / f"tiny_gpus{gpus}.yaml").write_text(recipe(gpus))
+        runs[gpus] = doit(project, f"checkpoint:tiny_gpus{gpus}")
+        assert runs[gpus].rc == 0, runs[gpus].out[-3000:]
+    return project, runs
+
+
+def losses(project, name: str) -> list[float]:
+    lines = (artifact(project, "checkpoint", name) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+def tensors(project, name: str) -> dict:
+    """Every file of the checkpoint, and for the weights each tensor's dtype and shape."""
+    root = artifact(project, "checkpoint", name)
+    found = {}
+    for p in sorted(root.rglob("*")):
+        if p.suffix == ".safetensors":
+            with safe_open(p, "pt") as f:
+                found[str(p.relative_to(root))] = {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape())
+                                                   for k in f.keys()}
+        elif p.is_file():
+            found[str(p.relative_to(root))] = None
+    return found
+
+
+def test_two_processes_match_one_on_the_same_global_batch(trained):
+    project, runs = trained
+    assert "training in 2 processes" in runs[2].out and "rank 1:" not in runs[2].out  # one writer, one voice
+    plans = [json.loads((artifact(project, "plan", f"tiny_gpus{g}") / "plan.json").read_text())["decisions"]
+             for g in (1, 2)]
+    assert [(p["processes"], p["micro_batch_size"], p["grad_accum"]) for p in plans] == [(1, 8, 1), (2, 4, 1)]
+    one, two = losses(project, "tiny_gpus1"), losses(project, "tiny_gpus2")
+    assert len(one) == len(two) == STEPS
+    # the same 8 sequences per step, summed in another order (two halves, then gloo's all-reduce):
+    # fp32 rounding, measured 5e-7 over these steps; a step on other data moves the loss by 1e-2 and more
+    assert max(abs(x - y) for x, y in zip(one, two)) < 1e-4, (one, two)
+    assert tensors(project, "tiny_gpus1") == tensors(project, "tiny_gpus2")
+    model = artifact(project, "checkpoint", "tiny_gpus1") / "model"
+    assert (model / "config.json").read_text() == (artifact(project, "checkpoint", "tiny_gpus2") / "model" / "config.json").read_text()
+
+
+def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, tmp_path):
+    built, _ = trained
+    project = tmp_path / "proj"
+    shutil.copytree(built, project, symlinks=True)
+    shutil.rmtree(artifact(project, "checkpoint", "tiny_gpus2"))
+    (project / "artifacts" / "tiny_gpus2" / "checkpoint.json").unlink()
+    work = project / "artifacts" / "work" / "checkpoint"
+    build = subprocess.Popen([sys.executable, "-m", "doit", "checkpoint:tiny_gpus2"], cwd=project, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **NO_NETWORK})
+    deadline = time.time() + 300
+    while not list(work.glob("*/checkpoint-3/mindxtrain-complete")) and build.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    os.killpg(build.pid, signal.SIGKILL)  # doit, torchrun and both processes
+    build.wait()
+    assert list(work.glob("*/checkpoint-3/mindxtrain-complete")) and not list(work.glob(f"*/checkpoint-{STEPS}/*"))
+
+    run = doit(project, "checkpoint:tiny_gpus2")
+    assert run.rc == 0, run.out[-3000:]
+    assert "resuming from checkpoint-3" in run.out
+    key = json.loads((project / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["key"]
+    assert json.loads((project / "artifacts" / "store" / "checkpoint" / f"{key}.json").read_text())["run"]["resumed_from_step"] == 3
+    pointer = lambda p: json.loads((p / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["digest"]  # noqa: E731
+    assert pointer(project) == pointer(built)  # resumed == uninterrupted, byte for byte
+
+
+def test_a_global_batch_that_does_not_split_over_the_processes_stops_the_plan(trained):
+    project, _ = trained
+    (project / "recipes" / "tiny_gpus3.yaml").write_text(recipe(3))
+    run = doit(project, "plan:tiny_gpus3")
+    assert run.rc != 0
+    assert "train.micro_batch_size x train.grad_accum = 8 sequences per step cannot be split evenly over 3 processes" in run.out
