@@ -81,6 +81,9 @@ def build(ctx, out: Path) -> None:
     if r.train.peft == "qlora" and facts["device"] != "cuda":
         raise UserError(f"recipe train.peft: qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; "
                         f"hardware.profile is {r.hardware.profile}: use peft: lora on this machine")
+    if r.train.peft == "qlora" and processes > 1:
+        raise UserError(f"recipe train.peft: qlora trains on one GPU (its 4-bit weights are not stored for FSDP to "
+                        f"shard); hardware.gpus is {r.hardware.gpus}: use gpus: 1, or peft: lora")
     decisions = {
         "device": facts["device"],
         "dtype": "float32",

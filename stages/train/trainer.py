@@ -96,7 +96,7 @@ def mark_complete_callback():
 
             if dist.is_initialized():
                 dist.barrier()  # every process has written its part (its RNG state, its shards)
-            if state.is_world_process_zero:
+            if state.is_local_process_zero:  # each node marks its own work dir
                 (Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE).touch()
 
     return MarkComplete()
