@@ -21,22 +21,25 @@ from test_pipeline import artifact
 STEPS = 6
 
 
-def recipe(gpus: int) -> str:
-    """tiny for a few steps, saved every 3, in `gpus` processes (profile cpu: one process per 'gpu')."""
-    text = (REPO / "recipes" / "tiny.yaml").read_text()
+def recipe(gpus: int, base: str = "tiny") -> str:
+    """`base` for a few steps, saved every 3, in `gpus` processes (profile cpu: one process per 'gpu')."""
+    text = (REPO / "recipes" / f"{base}.yaml").read_text()
     text = text.replace("  max_steps: 150\n", f"  max_steps: {STEPS}\n").replace("  save_steps: 20\n", "  save_steps: 3\n")
     return text.replace("  profile: cpu\n", f"  profile: cpu\n  gpus: {gpus}\n")
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A project with tiny_gpus1 and tiny_gpus2 (same model, data, seed and global batch) trained."""
+    """A project with tiny and tiny_lora trained in 1 and in 2 processes (tiny_gpus1, tiny_gpus2,
+    tiny_lora_gpus1, tiny_lora_gpus2: same model, data, seed and global batch)."""
     project = copy_project(tmp_path_factory.mktemp("distributed"))
     runs = {}
-    for gpus in (1, 2):
-        (project / "recipes" / f"tiny_gpus{gpus}.yaml").write_text(recipe(gpus))
-        runs[gpus] = doit(project, f"checkpoint:tiny_gpus{gpus}")
-        assert runs[gpus].rc == 0, runs[gpus].out[-3000:]
+    for base in ("tiny", "tiny_lora"):
+        for gpus in (1, 2):
+            name = f"{base}_gpus{gpus}"
+            (project / "recipes" / f"{name}.yaml").write_text(recipe(gpus, base))
+            runs[name] = doit(project, f"checkpoint:{name}")
+            assert runs[name].rc == 0, runs[name].out[-3000:]
     return project, runs
 
 
@@ -59,20 +62,24 @@ def tensors(project, name: str) -> dict:
     return found
 
 
-def test_two_processes_match_one_on_the_same_global_batch(trained):
+@pytest.mark.parametrize("base", ["tiny", "tiny_lora"])
+def test_two_processes_match_one_on_the_same_global_batch(trained, base):
     project, runs = trained
-    assert "training in 2 processes" in runs[2].out and "rank 1:" not in runs[2].out  # one writer, one voice
-    plans = [json.loads((artifact(project, "plan", f"tiny_gpus{g}") / "plan.json").read_text())["decisions"]
+    assert "training in 2 processes" in runs[f"{base}_gpus2"].out
+    assert "rank 1:" not in runs[f"{base}_gpus2"].out  # one writer, one voice
+    plans = [json.loads((artifact(project, "plan", f"{base}_gpus{g}") / "plan.json").read_text())["decisions"]
              for g in (1, 2)]
     assert [(p["processes"], p["micro_batch_size"], p["grad_accum"]) for p in plans] == [(1, 8, 1), (2, 4, 1)]
-    one, two = losses(project, "tiny_gpus1"), losses(project, "tiny_gpus2")
+    one, two = losses(project, f"{base}_gpus1"), losses(project, f"{base}_gpus2")
     assert len(one) == len(two) == STEPS
     # the same 8 sequences per step, summed in another order (two halves, then gloo's all-reduce):
-    # fp32 rounding, measured 5e-7 over these steps; a step on other data moves the loss by 1e-2 and more
+    # fp32 rounding, measured 5e-7 over these steps; from one step to the next the loss moves by 1e-2 and more
     assert max(abs(x - y) for x, y in zip(one, two)) < 1e-4, (one, two)
-    assert tensors(project, "tiny_gpus1") == tensors(project, "tiny_gpus2")
-    model = artifact(project, "checkpoint", "tiny_gpus1") / "model"
-    assert (model / "config.json").read_text() == (artifact(project, "checkpoint", "tiny_gpus2") / "model" / "config.json").read_text()
+    assert tensors(project, f"{base}_gpus1") == tensors(project, f"{base}_gpus2")  # model/ or adapter/, as one writes
+    configs = [(artifact(project, "checkpoint", f"{base}_gpus{g}") / "model" / "config.json") for g in (1, 2)]
+    configs += [(artifact(project, "checkpoint", f"{base}_gpus{g}") / "adapter" / "adapter_config.json") for g in (1, 2)]
+    texts = [c.read_text() for c in configs if c.exists()]
+    assert len(texts) == 2 and texts[0] == texts[1]
 
 
 def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, tmp_path):
