@@ -1,7 +1,8 @@
 """hardware.gpus: 2 on CPU: the checkpoint stage trains in two processes (torchrun, gloo; DDP,
 since accelerate runs FSDP on accelerator devices only: stages/train/trainer.distributed_args),
 each taking half of the global batch, and writes the artifact a single process writes; killed,
-it resumes from its last saved step as one process does."""
+it resumes from its last saved step as one process does; two 'nodes' on one host (NNODES=2 and a
+loopback rendezvous) build what two processes on one node build."""
 from __future__ import annotations
 
 import json
@@ -113,3 +114,25 @@ def test_a_global_batch_that_does_not_split_over_the_processes_stops_the_plan(tr
     run = doit(project, "plan:tiny_gpus3")
     assert run.rc != 0
     assert "train.micro_batch_size x train.grad_accum = 8 sequences per step cannot be split evenly over 3 processes" in run.out
+
+
+def test_two_nodes_on_one_host_train_as_two_processes_do(trained, tmp_path):
+    """NNODES=2 and a rendezvous in the environment, each 'node' a copy of the project with
+    gpus: 1 (so 2 processes in all): node 0 builds the artifact tiny_gpus2 built, byte for byte;
+    node 1 trains its rank and says where the artifact is."""
+    built, _ = trained
+    nodes = []
+    for rank in (0, 1):
+        project = tmp_path / f"node{rank}"
+        shutil.copytree(built, project, symlinks=True)
+        shutil.rmtree(project / "artifacts" / "store" / "checkpoint")
+        (project / "recipes" / "tiny_node.yaml").write_text(recipe(1))
+        env = {**os.environ, **NO_NETWORK, "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(29500 + os.getpid() % 1000)}
+        nodes.append(subprocess.Popen([sys.executable, "-m", "doit", "checkpoint:tiny_node"], cwd=project, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    out = [n.communicate(timeout=300)[0] for n in nodes]
+    assert nodes[0].returncode == 0, out[0][-3000:]
+    assert nodes[1].returncode != 0 and "the artifact is written on node 0" in out[1], out[1][-3000:]
+    digest = lambda p, name: json.loads((p / "artifacts" / name / "checkpoint.json").read_text())["digest"]  # noqa: E731
+    assert digest(tmp_path / "node0", "tiny_node") == digest(built, "tiny_gpus2")
