@@ -18,24 +18,16 @@ import platform
 from pathlib import Path
 
 from stages.engine.errors import UserError
-from stages.train import autotune, settings
+from stages.train import autotune, distributed, settings
 
 GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
-
-
-def nodes() -> int:
-    """Nodes of a multi-node launch (NNODES in the environment, README "Multi-GPU and multi-node")."""
-    value = os.environ.get("NNODES", "1")
-    if not value.isdigit() or int(value) < 1:
-        raise UserError(f"environment NNODES={value!r}: give the number of nodes as a positive integer")
-    return int(value)
 
 
 def device_facts(hardware) -> dict:
     """What the decisions depend on; part of the key, so new hardware means a new plan."""
     if hardware.profile == "cpu":
         return {"device": "cpu", "machine": platform.machine(), "cpus": os.cpu_count(),
-                "processes": hardware.gpus * nodes()}
+                "processes": hardware.gpus * distributed.nodes()}
     import torch
 
     if not torch.cuda.is_available():
@@ -46,7 +38,7 @@ def device_facts(hardware) -> dict:
     return {"device": "cuda", "name": torch.cuda.get_device_name(0),
             "capability": list(torch.cuda.get_device_capability(0)),
             "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus,
-            "processes": hardware.gpus * nodes()}
+            "processes": hardware.gpus * distributed.nodes()}
 
 
 def env_block(root: Path, profile: str) -> dict[str, str]:

@@ -19,27 +19,33 @@ from pathlib import Path
 from stages.engine.errors import UserError
 
 
+def nodes() -> int:
+    """Nodes of a multi-node launch: NNODES in the environment, 1 without it."""
+    value = os.environ.get("NNODES", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"environment NNODES={value!r}: give the number of nodes as a positive integer")
+    return int(value)
+
+
 def rendezvous() -> list[str]:
     """torchrun's arguments that say where the processes meet."""
-    nodes = int(os.environ.get("NNODES", "1"))
-    if nodes == 1:
+    if nodes() == 1:
         return ["--standalone"]
     missing = [v for v in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
     if missing:
-        raise UserError(f"environment NNODES={nodes} needs {', '.join(missing)} too (README: Multi-GPU and multi-node)")
-    return ["--nnodes", str(nodes), "--node-rank", os.environ["NODE_RANK"],
+        raise UserError(f"environment NNODES={nodes()} needs {', '.join(missing)} too (README: Multi-GPU and multi-node)")
+    return ["--nnodes", str(nodes()), "--node-rank", os.environ["NODE_RANK"],
             "--master-addr", os.environ["MASTER_ADDR"], "--master-port", os.environ["MASTER_PORT"]]
 
 
 def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
     """Run fit() in this node's share of the processes; their output goes to the console and the
     stage log. Rank 0's run-time figures come back in `run`."""
-    nodes = int(os.environ.get("NNODES", "1"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "spec.json").write_text(json.dumps(spec))
     (work / "run.json").unlink(missing_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(),
-               "--nproc-per-node", str(processes // nodes), "-m", "stages.train.distributed", str(work / "spec.json")]
+               "--nproc-per-node", str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
     log.info("training in %d processes: %s", processes, " ".join(command))
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           cwd=Path(__file__).resolve().parents[2]) as proc:  # where `stages` imports from
@@ -50,7 +56,7 @@ def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
         raise RuntimeError(f"checkpoint: training in {processes} processes failed (torchrun exit {proc.returncode}); "
                            f"the processes' output is above and in the stage log")
     if not (work / "run.json").exists():
-        raise UserError(f"checkpoint: node {os.environ.get('NODE_RANK')} of {nodes} trained its processes; "
+        raise UserError(f"checkpoint: node {os.environ.get('NODE_RANK')} of {nodes()} trained its processes; "
                         f"the artifact is written on node 0: build there, then doit push there and doit pull here")
     run.update(json.loads((work / "run.json").read_text()))
 
