@@ -90,7 +90,7 @@ def main() -> None:
                   "micro_batch_size": a.global_batch, "grad_accum": 1},
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": a.budget}})
     peak = matmul_peak_tflops()
-    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
+    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"), recipe.train.global_batch)
     out = Path(a.out or REPO / "bench" / "results" / f"autotune_{a.shape}_{a.peft}_{a.max_length}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"shape": a.shape, "peft": a.peft, "max_length": a.max_length, "global_batch": a.global_batch,

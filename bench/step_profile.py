@@ -207,7 +207,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     batch = autotune.packed_batch(4 * steps, 2048, model.config.vocab_size)
     rows = Dataset.from_dict({k: v.cpu().tolist() for k, v in batch.items()})
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32}, max_steps=steps, micro_batch_size=4, save_steps=10**6)
-    plan = {**setting, "device": "cuda", "dtype": "bfloat16", "grad_accum": 4 // mb}
+    plan = {**setting, "device": "cuda", "dtype": "bfloat16", "processes": 1, "grad_accum": 4 // mb}
     trainer = make_trainer(model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
     trainer.args.logging_steps = logging_steps
     if trl_loss:

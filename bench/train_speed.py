@@ -168,7 +168,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     settings.apply_settings(model, decisions)
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,
                      max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
-    plan = {**decisions, "device": "cuda", "dtype": "bfloat16", "grad_accum": BATCH // decisions["micro_batch_size"]}
+    plan = {**decisions, "device": "cuda", "dtype": "bfloat16", "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
     trainer = make_trainer(model, Dataset.from_dict(rows), tok, plan, t, work / name)
     counts, times = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
@@ -217,7 +217,7 @@ def run_one(name: str, work: Path) -> dict:
         "train": {"peft": "lora", "lora": {"r": 16, "alpha": 32}, "micro_batch_size": BATCH},
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": PROBE_BUDGET}})
     start = time.perf_counter()
-    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"))
+    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"), recipe.train.global_batch)
     found = {"decisions": found["decisions"], "probe_seconds": round(time.perf_counter() - start, 1)}
     return {**run_ours(name, rows, tok, found["decisions"], work), "found": found}
 

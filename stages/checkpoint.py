@@ -4,18 +4,18 @@ Each method is one module of stages/train/ (its dataset from the shards, its TRL
 named in METHODS; the stage's key covers the module of the recipe's method only. Trainer
 checkpoints go to a work dir that survives a kill, so a rerun resumes from the last saved
 step. The artifact holds only deterministic content: the weights (model/) or the standard
-PEFT adapter (adapter/), and metrics.jsonl with the loss per step.
+PEFT adapter (adapter/), and metrics.jsonl with the loss per step. When the plan has more
+than one process (hardware.gpus > 1), the same run is launched in each of them by torchrun
+(stages/train/distributed.py) and the first writes the same artifact.
 """
 from __future__ import annotations
 
 import importlib
 import json
-import os
 from pathlib import Path
 
 from stages.engine.errors import UserError
-from stages.train import trainer
-from stages.train.settings import training_mode
+from stages.train import distributed, trainer
 
 # train.method -> its module: dataset(shards, tok), make_trainer(...), and HEAD where it is not a causal LM
 METHODS = {"sft": "stages.train.sft", "cpt": "stages.train.cpt", "dpo": "stages.train.dpo",
@@ -28,26 +28,21 @@ def code_modules(recipe) -> list[str]:
 
 
 def build(ctx, out: Path) -> None:
-    from transformers import AutoTokenizer, set_seed
-
     t = ctx.recipe.train
     if t.method not in METHODS:
         raise UserError(f"train.method: {t.method} training is not built yet (its shards are: "
                         f"doit shards:{ctx.recipe_name}); use method: {' or '.join(METHODS)}")
-    method = importlib.import_module(METHODS[t.method])
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
-    os.environ.update(plan["env"])
-    training_mode()
-    set_seed(t.seed)
-
-    tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
-    model = trainer.trainable_model(ctx.upstream["base"], plan, getattr(method, "HEAD", "causal_lm"), t.peft)
-    ctx.log.info("base loaded in %s", "4-bit NF4 (bitsandbytes), bf16 compute" if getattr(model, "is_loaded_in_4bit", False)
-                 else plan["dtype"])
-    ctx.work.mkdir(parents=True, exist_ok=True)
-    run = method.make_trainer(model, method.dataset(ctx.upstream["shards"], tok), tok, plan, t, ctx.work)
-    trainer.train(run, plan, t.max_steps, ctx.work, ctx.log, ctx.run)
-    trainer.save(run, tok, t.peft, out)
+    resume = trainer.last_complete_checkpoint(ctx.work)
+    if plan["processes"] == 1:
+        trainer.fit(importlib.import_module(METHODS[t.method]), ctx.upstream["base"], ctx.upstream["shards"], plan, t,
+                    ctx.work, out, resume, ctx.log, ctx.run)
+        return
+    spec = {"method": METHODS[t.method], "plan": plan, "train": t.model_dump(mode="json"),
+            "resume": resume and str(resume.resolve()),
+            **{k: str(Path(v).resolve()) for k, v in [("base", ctx.upstream["base"]), ("shards", ctx.upstream["shards"]),
+                                                       ("work", ctx.work), ("out", out)]}}
+    distributed.launch(spec, plan["processes"], ctx.work, ctx.log, ctx.run)
 
 
 def summary(path: Path) -> list[str]:

@@ -5,17 +5,20 @@ applies them verbatim). Timings that led to them are run-time measurements and
 are kept beside the artifact (in its sidecar), never in the hashed tree.
 On CPU the decisions follow from the device facts; on a GPU (CUDA or ROCm) they come
 from stages/train/autotune.py's probe: real training steps per candidate, inside
-autotune.budget_seconds. The recipe's global batch (micro x accumulation) is kept.
+autotune.budget_seconds. The recipe's global batch is kept exact: with hardware.gpus > 1
+(times the nodes of a multi-node launch) each process takes an equal share of it, and
+micro-batch x accumulation x processes == the recipe's micro-batch x accumulation.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from pathlib import Path
 
 from stages.engine.errors import UserError
-from stages.train import autotune, settings
+from stages.train import autotune, distributed, settings
 
 GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
 
@@ -23,7 +26,8 @@ GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
 def device_facts(hardware) -> dict:
     """What the decisions depend on; part of the key, so new hardware means a new plan."""
     if hardware.profile == "cpu":
-        return {"device": "cpu", "machine": platform.machine(), "cpus": os.cpu_count()}
+        return {"device": "cpu", "machine": platform.machine(), "cpus": os.cpu_count(),
+                "processes": hardware.gpus * distributed.nodes()}
     import torch
 
     if not torch.cuda.is_available():
@@ -33,7 +37,8 @@ def device_facts(hardware) -> dict:
         raise UserError(f"recipe hardware.gpus: {hardware.gpus} asked, {torch.cuda.device_count()} visible")
     return {"device": "cuda", "name": torch.cuda.get_device_name(0),
             "capability": list(torch.cuda.get_device_capability(0)),
-            "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus}
+            "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus,
+            "processes": hardware.gpus * distributed.nodes()}
 
 
 def env_block(root: Path, profile: str) -> dict[str, str]:
@@ -47,20 +52,39 @@ def extra_inputs(recipe, root: Path, store) -> dict:
     return {"facts": device_facts(recipe.hardware), "env": env_block(root, recipe.hardware.profile)}
 
 
+def share(global_batch: int, micro: int, processes: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) per process so that micro x accumulation x processes is
+    exactly the recipe's global batch: the recipe's micro-batch, or the largest divisor of it
+    that divides the process's share."""
+    if global_batch % processes:
+        raise UserError(f"recipe train.micro_batch_size x train.grad_accum = {global_batch} sequences per step "
+                        f"cannot be split evenly over {processes} processes (hardware.gpus x nodes): "
+                        f"make it a multiple of {processes}")
+    per_process = global_batch // processes
+    micro = math.gcd(micro, per_process)
+    return micro, per_process // micro
+
+
 def build(ctx, out: Path) -> None:
     r = ctx.recipe
     facts = device_facts(r.hardware)
+    processes = facts["processes"]
+    micro, accumulation = share(r.train.global_batch, r.train.micro_batch_size, processes)
     if r.train.peft == "qlora" and facts["device"] != "cuda":
         raise UserError(f"recipe train.peft: qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; "
                         f"hardware.profile is {r.hardware.profile}: use peft: lora on this machine")
+    if r.train.peft == "qlora" and processes > 1:
+        raise UserError(f"recipe train.peft: qlora trains on one GPU (its 4-bit weights are not stored for FSDP to "
+                        f"shard); hardware.gpus is {r.hardware.gpus}: use gpus: 1, or peft: lora")
     decisions = {
         "device": facts["device"],
         "dtype": "float32",
         "attn_implementation": "sdpa",
         "sdpa_backend": None,
         "rocm_fa_library": None,
-        "micro_batch_size": r.train.micro_batch_size,
-        "grad_accum": r.train.grad_accum,
+        "processes": processes,
+        "micro_batch_size": micro,
+        "grad_accum": accumulation,
         "sequence_length": r.data.max_length,
         "gradient_checkpointing": "off",
         "compile": False,
@@ -70,13 +94,13 @@ def build(ctx, out: Path) -> None:
     if facts["device"] == "cuda":
         decisions.update(dtype="bfloat16", gradient_checkpointing="full")
         if r.autotune.enabled:
-            found = autotune.probe(ctx.upstream["base"], r, ctx.log)
+            found = autotune.probe(ctx.upstream["base"], r, ctx.log, micro * accumulation)
             ctx.run["probe"] = found
             if found["decisions"] is None:
                 raise UserError("plan: no attention implementation ran a training step on these shapes; "
                                 "see the plan log, check data.max_length and the GPU")
             decisions.update(found["decisions"])
-            decisions["grad_accum"] = r.train.global_batch // decisions["micro_batch_size"]
+            decisions["grad_accum"] = micro * accumulation // decisions["micro_batch_size"]
             decisions["env"] = {**decisions["env"], **settings.rocm_env(decisions["rocm_fa_library"])}
             ctx.log.info("probe chose %s at %.0f tokens/s", found["decisions"], found["tokens_per_s"])
     ctx.run["facts"] = facts

@@ -83,3 +83,31 @@ def test_qlora_trains_lora_over_a_4bit_base(fresh):
     assert len(losses) == 60 and sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
     print(f"QLoRA loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert doit(fresh, "verify:qwen3_small_qlora").rc == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_fsdp2_on_two_gpus_matches_one_gpu(fresh):
+    """hardware.gpus: 2 on CUDA: FSDP2 through the Trainer (stages/train/trainer.distributed_args),
+    each GPU half of the global batch; the loss per step is one GPU's on the same sequences, and
+    rank 0 writes the same files and tensors. Autotune off, so both plans differ only in the split.
+    bf16 (8 mantissa bits, 4e-3 relative): step 1 is the same weights on the same data, summed in
+    another order; later steps add the reduced gradients' rounding, hence the wider bound."""
+    import yaml
+
+    profile = "h200" if "H200" in torch.cuda.get_device_name(0) else "h100"
+    for gpus in (1, 2):
+        recipe = yaml.safe_load((fresh / "recipes" / "tiny.yaml").read_text())
+        recipe["hardware"] = {"profile": profile, "gpus": gpus}
+        recipe["autotune"] = {"enabled": False}
+        recipe["train"].update(max_steps=6, save_steps=3)
+        (fresh / "recipes" / f"gpus{gpus}.yaml").write_text(yaml.safe_dump(recipe))
+        run = doit(fresh, f"checkpoint:gpus{gpus}")
+        assert run.rc == 0, "\n".join(line for line in run.out.splitlines() if "Warning" not in line)[-6000:]
+    arts = [fresh / "artifacts" / "store" / "checkpoint" /
+            json.loads((fresh / "artifacts" / f"gpus{g}" / "checkpoint.json").read_text())["key"] for g in (1, 2)]
+    one, two = ([json.loads(line)["loss"] for line in (a / "metrics.jsonl").read_text().splitlines()] for a in arts)
+    print("losses, 1 GPU:", one, "2 GPUs (FSDP2):", two)
+    assert len(one) == len(two) == 6 and abs(one[0] - two[0]) < 1e-2
+    assert max(abs(x - y) for x, y in zip(one, two)) < 5e-2
+    files = [sorted(str(p.relative_to(a)) for p in a.rglob("*")) for a in arts]
+    assert files[0] == files[1]

@@ -41,7 +41,7 @@ def model_and_trainer(tmp_path, peft: str):
                                          head_dim=16, use_cache=False))
     rows = packed_batch(len(tok))
     t = TrainSection(peft=peft, lora={"r": 4, "alpha": 8}, max_steps=1, micro_batch_size=len(rows))
-    plan = {"device": "cpu", "dtype": "float32", "micro_batch_size": len(rows), "grad_accum": 1}
+    plan = {"device": "cpu", "dtype": "float32", "processes": 1, "micro_batch_size": len(rows), "grad_accum": 1}
     run = sft.make_trainer(model, Dataset.from_list(rows), tok, plan, t, tmp_path / "work")
     return run, sft.collate(rows)
 

@@ -134,8 +134,9 @@ def packed_batch(micro_batch: int, length: int, vocab: int, seed: int = 0):
     return {"input_ids": ids.cuda(), "labels": ids.cuda(), "position_ids": positions.cuda()}
 
 
-def probe(config_dir, recipe, log) -> dict:
-    """Build the run's model on the GPU and search; returns search()'s result."""
+def probe(config_dir, recipe, log, batch: int) -> dict:
+    """Build the run's model on the GPU and search micro-batches that divide `batch` (one
+    process's share of the global batch); returns search()'s result."""
     import os
 
     import torch
@@ -218,7 +219,7 @@ def probe(config_dir, recipe, log) -> dict:
         return result
 
     found = search(measure, attention_candidates({"hip": torch.version.hip}),
-                   t.global_batch, deadline, total)
+                   batch, deadline, total)
     built.update(key=None, model=None)
     weights.cleanup()
     torch.cuda.empty_cache()

@@ -1,14 +1,17 @@
 """What every training method shares around its TRL trainer: the model built as the plan
 says, resuming after a kill from the last fully saved step, the step log, and saving the
-artifact (weights or a standard PEFT adapter, metrics.jsonl) with deterministic content only."""
+artifact (weights or a standard PEFT adapter, metrics.jsonl) with deterministic content only.
+fit() is one process's whole run: the checkpoint stage calls it itself, or through torchrun
+in each of the plan's processes (stages/train/distributed.py)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 from stages.model.trained import dequantized
-from stages.train.settings import apply_settings, nf4_config, training_context
+from stages.train.settings import apply_settings, nf4_config, training_context, training_mode
 
 COMPLETE = "mindxtrain-complete"
 METHOD_LOGS = ("rewards/margins", "rewards/accuracies", "reward", "reward_std", "accuracy", "margin")  # TRL's, per method
@@ -35,10 +38,41 @@ def trainable_model(base: Path, plan: dict, head: str = "causal_lm", peft: str =
     return model
 
 
+def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, resume: Path | None, log,
+        run: dict) -> None:
+    """Train by the method's module (dataset, make_trainer) as the plan says, from `resume` if
+    given, and save the artifact into `out` (the first process only, when there are several)."""
+    from transformers import AutoTokenizer, set_seed
+
+    os.environ.update(plan["env"])
+    training_mode()
+    set_seed(t.seed)
+    tok = AutoTokenizer.from_pretrained(base)
+    model = trainable_model(base, plan, getattr(method, "HEAD", "causal_lm"), t.peft)
+    log.info("base loaded in %s", "4-bit NF4 (bitsandbytes), bf16 compute" if getattr(model, "is_loaded_in_4bit", False)
+             else plan["dtype"])
+    work.mkdir(parents=True, exist_ok=True)
+    trainer = method.make_trainer(model, method.dataset(shards, tok), tok, plan, t, work)
+    train(trainer, plan, t.max_steps, resume, log, run)
+    save(trainer, tok, t.peft, out)
+
+
+def distributed_args(plan: dict) -> dict:
+    """More than one process on CUDA: FSDP2 through the Trainer's accelerate (parameters, gradients
+    and optimizer state sharded per decoder layer, the full weights gathered for saving). On CPU
+    accelerate 1.15 turns its FSDP plugin on only for accelerator devices (AcceleratorState leaves
+    a CPU run MULTI_CPU, and would ignore an fsdp_config), so the processes run DDP over gloo."""
+    if plan["processes"] == 1 or plan["device"] == "cpu":
+        return {}
+    return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True,
+                                          "state_dict_type": "FULL_STATE_DICT"}}
+
+
 def plan_args(plan: dict, t, output_dir: Path) -> dict:
     """The TrainingArguments every method shares: the recipe's optimizer settings, the plan's
-    batch shape and precision, checkpoints every save_steps for resuming, one log per step."""
-    return dict(
+    batch shape (per process) and precision, checkpoints every save_steps for resuming, one log
+    per step, FSDP2 where the plan has several GPU processes."""
+    return dict(**distributed_args(plan),
         output_dir=str(output_dir), max_steps=t.max_steps, learning_rate=t.lr,
         per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
         warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
@@ -53,12 +87,17 @@ def plan_args(plan: dict, t, output_dir: Path) -> dict:
 
 def mark_complete_callback():
     """Trainer writes checkpoint-N in place, so a kill mid-save leaves a partial directory.
-    Mark each one once it is fully saved; resume only from marked ones."""
+    Mark each one once every process has saved its part; resume only from marked ones."""
     from transformers import TrainerCallback
 
     class MarkComplete(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
-            (Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE).touch()
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.barrier()  # every process has written its part (its RNG state, its shards)
+            if state.is_local_process_zero:  # each node marks its own work dir
+                (Path(args.output_dir) / f"checkpoint-{state.global_step}" / COMPLETE).touch()
 
     return MarkComplete()
 
@@ -87,15 +126,15 @@ def last_complete_checkpoint(work: Path) -> Path | None:
     return next((p for p in reversed(saved) if (p / COMPLETE).exists()), None)
 
 
-def train(trainer, plan: dict, max_steps: int, work: Path, log, run: dict) -> None:
-    """Run the trainer to max_steps inside the plan's training context, resuming from the last
-    complete checkpoint in `work` if a killed run left one; run-time figures go into `run`."""
+def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: dict) -> None:
+    """Run the trainer to max_steps inside the plan's training context, resuming from `resume`
+    (last_complete_checkpoint of the work dir, found once before any process starts); run-time
+    figures go into `run`."""
     from transformers.trainer_callback import ProgressCallback
 
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(step_log_callback(log, max_steps))
     trainer.add_callback(mark_complete_callback())
-    resume = last_complete_checkpoint(work)
     if resume:
         log.info("resuming from %s", resume.name)
         run["resumed_from_step"] = int(resume.name.split("-")[-1])
@@ -110,14 +149,18 @@ def train(trainer, plan: dict, max_steps: int, work: Path, log, run: dict) -> No
 
 def save(trainer, tok, peft: str, out: Path) -> None:
     """metrics.jsonl (loss per step) and the weights: model/ for full training, or the
-    standard PEFT adapter/ with nothing machine-specific in it."""
+    standard PEFT adapter/ with nothing machine-specific in it. Under FSDP every process takes
+    part in gathering the full weights; the first process alone writes, as one process would."""
+    state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
+    if not trainer.is_world_process_zero():
+        return
     with open(out / "metrics.jsonl", "w") as f:
         for entry in trainer.state.log_history:
             if "loss" in entry:
                 f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate") + METHOD_LOGS
                                     if k in entry}, sort_keys=True) + "\n")
     if peft != "none":
-        trainer.model.save_pretrained(out / "adapter")
+        trainer.model.save_pretrained(out / "adapter", state_dict=state)
         (out / "adapter" / "README.md").unlink(missing_ok=True)  # a model card with local paths
         cfg_path = out / "adapter" / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
@@ -127,5 +170,5 @@ def save(trainer, tok, peft: str, out: Path) -> None:
                 cfg[name] = sorted(cfg[name])
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     else:
-        trainer.model.save_pretrained(out / "model")
+        trainer.model.save_pretrained(out / "model", state_dict=state)
         tok.save_pretrained(out / "model")

@@ -1,0 +1,87 @@
+"""Training in several processes, one per device: the plan's `processes` (hardware.gpus times
+the nodes) run trainer.fit under torchrun (torch.distributed.run), each with its share of the
+global batch; on CUDA the Trainer shards the model with FSDP2, on CPU it runs DDP over gloo
+(trainer.distributed_args says why). The first process alone writes the artifact into the
+stage's build directory, so the store's atomic commit is the same as for one process.
+
+One node: torchrun's standalone rendezvous on a free local port. Several nodes: NNODES,
+NODE_RANK, MASTER_ADDR and MASTER_PORT in the environment of `doit checkpoint:<recipe>` on
+every node (README "Multi-GPU and multi-node")."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from stages.engine.errors import UserError
+
+
+def nodes() -> int:
+    """Nodes of a multi-node launch: NNODES in the environment, 1 without it."""
+    value = os.environ.get("NNODES", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"environment NNODES={value!r}: give the number of nodes as a positive integer")
+    return int(value)
+
+
+def rendezvous() -> list[str]:
+    """torchrun's arguments that say where the processes meet."""
+    if nodes() == 1:
+        return ["--standalone"]
+    missing = [v for v in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise UserError(f"environment NNODES={nodes()} needs {', '.join(missing)} too (README: Multi-GPU and multi-node)")
+    return ["--nnodes", str(nodes()), "--node-rank", os.environ["NODE_RANK"],
+            "--master-addr", os.environ["MASTER_ADDR"], "--master-port", os.environ["MASTER_PORT"]]
+
+
+def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
+    """Run fit() in this node's share of the processes; their output goes to the console and the
+    stage log. Rank 0's run-time figures come back in `run`."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "spec.json").write_text(json.dumps(spec))
+    (work / "run.json").unlink(missing_ok=True)
+    command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(),
+               "--nproc-per-node", str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
+    log.info("training in %d processes: %s", processes, " ".join(command))
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=Path(__file__).resolve().parents[2]) as proc:  # where `stages` imports from
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            log.debug("%s", line.rstrip())
+    if proc.returncode:
+        raise RuntimeError(f"checkpoint: training in {processes} processes failed (torchrun exit {proc.returncode}); "
+                           f"the processes' output is above and in the stage log")
+    if not (work / "run.json").exists():
+        raise UserError(f"checkpoint: node {os.environ.get('NODE_RANK')} of {nodes()} trained its processes; "
+                        f"the artifact is written on node 0: build there, then doit push there and doit pull here")
+    run.update(json.loads((work / "run.json").read_text()))
+
+
+def main(spec_path: str) -> None:
+    """One torchrun process: fit() with the spec the stage wrote; rank 0 records the run figures."""
+    import importlib
+
+    import torch
+
+    from stages.engine.recipe import TrainSection
+    from stages.train import trainer
+
+    spec = json.loads(Path(spec_path).read_text())
+    rank = int(os.environ["RANK"])
+    if torch.cuda.is_available() and spec["plan"]["device"] == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # before anything (QLoRA's device map) asks for it
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"rank {rank}: %(message)s")
+    run: dict = {}
+    trainer.fit(importlib.import_module(spec["method"]), Path(spec["base"]), Path(spec["shards"]), spec["plan"],
+                TrainSection.model_validate(spec["train"]), Path(spec["work"]), Path(spec["out"]),
+                Path(spec["resume"]) if spec["resume"] else None, logging.getLogger("mindxtrain.train"), run)
+    if rank == 0:
+        (Path(spec["work"]) / "run.json").write_text(json.dumps(run))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
