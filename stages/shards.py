@@ -76,7 +76,7 @@ def build(ctx, out: Path) -> None:
         parts.append(part)
     prepared = Prepared(parts, data.sources, kind)
     codes, of = cleaning.drop_reasons(prepared.fingerprint, prepared.repetition, data.dedupe, data.filters,
-                                      prepared.signature_chunks, prepared.record)
+                                      prepared.signature_chunks, prepared.records)
     dropped.update(counted(codes, cleaning.REASONS))
     listing = prepared.drops(np.arange(len(codes)), codes, cleaning.REASONS, of)
     kept = np.flatnonzero(codes == 0)

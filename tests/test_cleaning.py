@@ -31,7 +31,8 @@ def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
     facts = cleaning.describe(records, settings)
     codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
-                                      FiltersSection(max_repetition=None), lambda: [facts["signature"]], records.__getitem__)
+                                      FiltersSection(max_repetition=None), lambda: [facts["signature"]],
+                                      lambda rows: (records[i] for i in rows))
     for i in np.flatnonzero(codes == 1):  # an exact duplicate names the first row with its text
         assert 0 <= of[i] < i and (facts["fingerprint"][of[i]] == facts["fingerprint"][i]).all()
     for i in np.flatnonzero(codes == 2):  # a near duplicate names an earlier row that was kept
@@ -83,7 +84,7 @@ def test_repetition_filter():
 def shingles(text: str, n: int) -> np.ndarray:
     """The word n-gram hashes of one text, by their definition: each gram combines n words'
     hashes in turn; fewer than n words make one gram of them all, no words one of an empty word."""
-    h = cleaning.word_hashes(text)[0]
+    h = cleaning.words_of_bytes(np.frombuffer(text.encode(), dtype=np.uint8))[0]
     if not len(h):
         h = np.zeros(1, dtype=np.uint64)
     count = max(len(h) - n + 1, 1)
@@ -112,7 +113,8 @@ def minhash(text: str, settings) -> np.ndarray:
 
 def test_described_rows_are_their_own_texts_hashed():
     """describe hashes many rows at once and takes each row's answers' n-grams from its normalized
-    text (and shingle_hashes, which near dedupe compares, is one text's): the fingerprint, repetition ratio and signature of every row are those computed from the
+    text (and NearDuplicates.gram_sets, the sets near dedupe compares, many rows' at once): the
+    fingerprint, repetition ratio, signature and n-gram set of every row are those computed from the
     row's own texts, on real rows and on rows with Unicode whitespace, blank answers, answers
     without words, and every record kind, across batch boundaries."""
     import blake3
@@ -132,12 +134,15 @@ def test_described_rows_are_their_own_texts_hashed():
                                    {"prompt": prompt, "chosen": messages[-1:], "rejected": messages[-1:]}]))
     for settings in (DedupeSection(near_threshold=0.8), DedupeSection(ngram=3, num_perm=16)):
         facts = cleaning.describe(records, settings)
+        near = cleaning.NearDuplicates(settings.near_threshold or 0.5, settings.num_perm, settings.ngram,
+                                       [facts["signature"]])
+        gram_sets = near.gram_sets(records)
         for i, record in enumerate(records):
             norm = cleaning.normalized(record)
             assert facts["fingerprint"][i].tobytes() == blake3.blake3(norm.encode()).digest(length=16)
             assert facts["repetition"][i] == np.float32(repetition_of(rows.answers(record))), record
             assert np.array_equal(facts["signature"][i], minhash(norm, settings)), record
-            assert np.array_equal(cleaning.shingle_hashes(norm, settings.ngram), shingles(norm, settings.ngram))
+            assert np.array_equal(gram_sets[i], np.unique(shingles(norm, settings.ngram))), record
 
 
 def test_signatures_are_datasketchs_minhash():

@@ -62,14 +62,9 @@ def _powers_to(n: int) -> tuple[np.ndarray, np.ndarray]:
     return _powers["up"][:n], _powers["down"][:n]
 
 
-def word_hashes(text: str) -> tuple[np.ndarray, np.ndarray]:
-    """A 32-bit hash of each word of `text` (a run of ASCII letters, digits, underscores or
-    non-ASCII characters) and the byte where it starts."""
-    return words_of_bytes(np.frombuffer(text.encode(), dtype=np.uint8))
-
-
 def words_of_bytes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """word_hashes of UTF-8 bytes, all at once with numpy: word = difference of prefix polynomial
+    """A 32-bit hash of each word of UTF-8 text (a run of ASCII letters, digits, underscores or
+    non-ASCII bytes) and the byte where it starts, all at once with numpy: word = difference of prefix polynomial
     hashes over the bytes, shifted back to start at PRIME**0, then mixed."""
     edges = np.diff(np.concatenate(([0], WORD_BYTE[b], [0])).astype(np.int8))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
@@ -77,12 +72,6 @@ def words_of_bytes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     prefix = np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(b.astype(np.uint64) * up[: len(b)], dtype=np.uint64)))
     words = (prefix[ends] - prefix[starts]) * down[starts]
     return (words * MIX) >> np.uint64(32), starts
-
-
-def shingle_hashes(text: str, n: int) -> np.ndarray:
-    """32-bit hashes of the word n-grams of one text (see segment_shingles)."""
-    h = word_hashes(text)[0]
-    return segment_shingles(h, np.array([[0, len(h)]]), n)[0]
 
 
 SCHEME = "affine32"  # datasketch's hashing scheme, named so stored signatures stay comparable
@@ -128,15 +117,24 @@ class NearDuplicates:
             keys = (keys * np.uint64(0x100000001B3)) ^ bands[:, :, k]
         return keys
 
-    def seen(self, i: int, record) -> int | None:
-        """For row i (rows asked in increasing order): the row kept before it that it is a near
-        copy of, or None, and it is kept. Only rows that share a bucket have their n-grams held
-        (and only they call `record` for theirs)."""
-        bands = np.flatnonzero(self.shared[i])
-        if not len(bands):
-            return None  # no other row falls in any of its buckets
-        grams = np.unique(shingle_hashes(normalized(record()), self.ngram))
-        buckets = [(int(band), int(self.keys[i, band])) for band in bands]
+    def gram_sets(self, records: list[dict]) -> list[np.ndarray]:
+        """Each record's set of word n-gram hashes (sorted, unique), all records hashed at once:
+        the word n-grams of normalized(record) for each, as describe_batch hashes a batch."""
+        texts = [normalized(r).encode() for r in records]
+        hashes, word_starts = words_of_bytes(np.frombuffer(b"\n".join(texts), dtype=np.uint8))
+        ends = np.cumsum([len(t) + 1 for t in texts])
+        bounds = np.searchsorted(word_starts, np.stack([ends - [len(t) + 1 for t in texts], ends], axis=1))
+        grams, counts = segment_shingles(hashes, bounds, self.ngram)
+        keys = np.sort((np.repeat(np.arange(len(texts), dtype=np.uint64), counts) << np.uint64(32)) | grams)
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]  # (np.unique hashes first: slower here)
+        cuts = np.searchsorted(keys >> np.uint64(32), np.arange(1, len(texts), dtype=np.uint64))
+        return np.split(keys & np.uint64(0xFFFFFFFF), cuts)
+
+    def seen(self, i: int, grams: np.ndarray) -> int | None:
+        """For row i (rows asked in increasing order) and its n-gram set: the row kept before it
+        that it is a near copy of, or None, and it is kept. Only rows that share a bucket are
+        asked, and only kept ones have their n-grams held."""
+        buckets = [(int(band), int(self.keys[i, band])) for band in np.flatnonzero(self.shared[i])]
         candidates = sorted({j for b in buckets for j in self.members.get(b, ())})
         copied = next((j for j in candidates if jaccard(self.kept[j], grams) >= self.threshold), None)
         if copied is not None:
@@ -149,7 +147,8 @@ class NearDuplicates:
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Exact Jaccard similarity of two sets given as sorted unique arrays."""
-    common = len(np.intersect1d(a, b, assume_unique=True))
+    at = np.searchsorted(b, a)
+    common = int(np.count_nonzero(b[np.minimum(at, len(b) - 1)] == a)) if len(b) else 0
     return common / (len(a) + len(b) - common)
 
 
@@ -251,13 +250,17 @@ def repeated_shares(grams: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
 REASONS = ("exact_duplicate", "near_duplicate", "repetitive")
 
 
+NEAR_BATCH = 2048  # rows whose n-gram sets are hashed together before near dedupe decides them in order
+
+
 def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filters, signature_chunks,
-                 record) -> tuple[np.ndarray, np.ndarray]:
+                 records) -> tuple[np.ndarray, np.ndarray]:
     """Why each row is dropped (0 kept, else 1 + the index in REASONS), deciding as if row by row
     in their fixed order, so the first row of a group of duplicates is kept, on every machine:
     a row is an exact duplicate of any earlier row with its fingerprint; else, with near dedupe
     on, a near duplicate of an earlier kept row (signature_chunks() gives every row's signature
-    in order; record(i) gives row i's record, asked only of rows that share an LSH bucket); else
+    in order; records(rows) gives those rows' records in order, asked only of rows that share
+    an LSH bucket); else
     repetitive above filters.max_repetition. Also, for each duplicate, the row it repeats (-1
     for the others)."""
     codes = np.ones(len(fingerprints), dtype=np.int8)
@@ -267,10 +270,13 @@ def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filte
     of = np.where(codes == 1, first[group.ravel()], -1)
     if dedupe.near_threshold:
         near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks())
-        for i in np.flatnonzero(near.shared.any(axis=1) & (codes == 0)).tolist():
-            copied = near.seen(i, lambda i=i: record(i))
-            if copied is not None:
-                codes[i], of[i] = 2, copied
+        asked = np.flatnonzero(near.shared.any(axis=1) & (codes == 0))
+        for lo in range(0, len(asked), NEAR_BATCH):
+            batch = asked[lo: lo + NEAR_BATCH]
+            for i, grams in zip(batch.tolist(), near.gram_sets(list(records(batch)))):
+                copied = near.seen(i, grams)
+                if copied is not None:
+                    codes[i], of[i] = 2, copied
     if filters.max_repetition is not None:
         codes[(codes == 0) & (repetition.astype(np.float64) > filters.max_repetition)] = 3
     return codes, of

@@ -108,9 +108,6 @@ class Prepared:
         for c, where in by_chunk(self.chunk_of[rows_at]):
             yield from chunk_records(*self.chunks[c], self.local[rows_at[where]], self.kind)
 
-    def record(self, i: int) -> dict:
-        return chunk_records(*self.chunks[self.chunk_of[i]], self.local[i: i + 1], self.kind)[0]
-
     def loss_up_to(self, rows_at: np.ndarray, cut: int) -> np.ndarray:
         """Loss tokens among the first `cut` tokens of each of these rows (both sides of a pair)."""
         out = np.zeros(len(rows_at), dtype=np.int64)
