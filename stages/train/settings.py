@@ -3,6 +3,13 @@
 two can never drift apart."""
 from __future__ import annotations
 
+import warnings
+
+# PEFT 0.21's get_peft_model and TRL 1.16's trainers read transformers' deprecated
+# `is_gradient_checkpointing` property (its FutureWarning on every LoRA build); not a call of
+# ours to fix, so this one message is filtered where training is set up
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
 
 def lora_config(t, task_type: str = "CAUSAL_LM"):
     """PEFT's LoraConfig from the recipe's train section (its lora and the method's task:
