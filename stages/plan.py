@@ -18,7 +18,7 @@ import platform
 from pathlib import Path
 
 from stages.engine.errors import UserError
-from stages.train import autotune, distributed, settings
+from stages.train import autotune, settings
 
 GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
 
@@ -27,7 +27,7 @@ def device_facts(hardware) -> dict:
     """What the decisions depend on; part of the key, so new hardware means a new plan."""
     if hardware.profile == "cpu":
         return {"device": "cpu", "machine": platform.machine(), "cpus": os.cpu_count(),
-                "processes": hardware.gpus * distributed.nodes()}
+                "processes": hardware.gpus * settings.nodes()}
     import torch
 
     if not torch.cuda.is_available():
@@ -38,7 +38,7 @@ def device_facts(hardware) -> dict:
     return {"device": "cuda", "name": torch.cuda.get_device_name(0),
             "capability": list(torch.cuda.get_device_capability(0)),
             "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus,
-            "processes": hardware.gpus * distributed.nodes()}
+            "processes": hardware.gpus * settings.nodes()}
 
 
 def env_block(root: Path, profile: str) -> dict[str, str]:

@@ -17,14 +17,7 @@ import sys
 from pathlib import Path
 
 from stages.engine.errors import UserError
-
-
-def nodes() -> int:
-    """Nodes of a multi-node launch: NNODES in the environment, 1 without it."""
-    value = os.environ.get("NNODES", "1")
-    if not value.isdigit() or int(value) < 1:
-        raise UserError(f"environment NNODES={value!r}: give the number of nodes as a positive integer")
-    return int(value)
+from stages.train.settings import nodes
 
 
 def rendezvous() -> list[str]:

@@ -3,12 +3,24 @@
 two can never drift apart."""
 from __future__ import annotations
 
+import os
 import warnings
 
 # PEFT 0.21's get_peft_model and TRL 1.16's trainers read transformers' deprecated
 # `is_gradient_checkpointing` property (its FutureWarning on every LoRA build); not a call of
 # ours to fix, so this one message is filtered where training is set up
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def nodes() -> int:
+    """Nodes of a multi-node launch: NNODES in the environment, 1 without it (read by the plan,
+    whose processes it multiplies, and by the launch, stages/train/distributed.py)."""
+    from stages.engine.errors import UserError
+
+    value = os.environ.get("NNODES", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"environment NNODES={value!r}: give the number of nodes as a positive integer")
+    return int(value)
 
 
 def lora_config(t, task_type: str = "CAUSAL_LM"):
