@@ -25,9 +25,9 @@ GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
 
 def device_facts(hardware) -> dict:
     """What the decisions depend on; part of the key, so new hardware means a new plan."""
+    processes = hardware.gpus * settings.nodes()
     if hardware.profile == "cpu":
-        return {"device": "cpu", "machine": platform.machine(), "cpus": os.cpu_count(),
-                "processes": hardware.gpus * settings.nodes()}
+        return {"device": "cpu", "machine": platform.machine(), "cpus": os.cpu_count(), "processes": processes}
     import torch
 
     if not torch.cuda.is_available():
@@ -37,8 +37,7 @@ def device_facts(hardware) -> dict:
         raise UserError(f"recipe hardware.gpus: {hardware.gpus} asked, {torch.cuda.device_count()} visible")
     return {"device": "cuda", "name": torch.cuda.get_device_name(0),
             "capability": list(torch.cuda.get_device_capability(0)),
-            "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus,
-            "processes": hardware.gpus * settings.nodes()}
+            "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus, "processes": processes}
 
 
 def env_block(root: Path, profile: str) -> dict[str, str]:

@@ -74,6 +74,13 @@ def words_of_bytes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (words * MIX) >> np.uint64(32), starts
 
 
+def words_of_texts(word_starts: np.ndarray, texts: list[bytes]) -> np.ndarray:
+    """(first, end) word of each text, for words found in the texts joined by a newline (which
+    no word crosses): words_of_bytes' word starts of the joined bytes."""
+    ends = np.cumsum([len(t) + 1 for t in texts])
+    return np.searchsorted(word_starts, np.stack([np.append(0, ends[:-1]), ends], axis=1))
+
+
 SCHEME = "affine32"  # datasketch's hashing scheme, named so stored signatures stay comparable
 
 
@@ -122,9 +129,7 @@ class NearDuplicates:
         the word n-grams of normalized(record) for each, as describe_batch hashes a batch."""
         texts = [normalized(r).encode() for r in records]
         hashes, word_starts = words_of_bytes(np.frombuffer(b"\n".join(texts), dtype=np.uint8))
-        ends = np.cumsum([len(t) + 1 for t in texts])
-        bounds = np.searchsorted(word_starts, np.stack([ends - [len(t) + 1 for t in texts], ends], axis=1))
-        grams, counts = segment_shingles(hashes, bounds, self.ngram)
+        grams, counts = segment_shingles(hashes, words_of_texts(word_starts, texts), self.ngram)
         keys = np.sort((np.repeat(np.arange(len(texts), dtype=np.uint64), counts) << np.uint64(32)) | grams)
         keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]  # (np.unique hashes first: slower here)
         cuts = np.searchsorted(keys >> np.uint64(32), np.arange(1, len(texts), dtype=np.uint64))
@@ -225,14 +230,12 @@ def describe_batch(records: list[dict], dedupe) -> dict[str, np.ndarray]:
             at += len(line) + 1
         texts.append(b"\n".join(lines))
     hashes, word_starts = words_of_bytes(np.frombuffer(b"\n".join(texts), dtype=np.uint8))
-    sizes = np.array([len(t) + 1 for t in texts], dtype=np.int64)
     out = {"fingerprint": np.frombuffer(b"".join(map(fingerprint_of, texts)), dtype=np.uint8).reshape(-1, 16)}
     answers = np.array(answers, dtype=np.int64).reshape(-1, 3)
     grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, answers[:, 1:]), 3)
     out["repetition"] = repeated_shares(grams, np.repeat(answers[:, 0], counts), len(texts))
     if dedupe.near_threshold:
-        bounds = np.stack([np.cumsum(sizes) - sizes, np.cumsum(sizes)], axis=1)  # of each row's text
-        grams, counts = segment_shingles(hashes, np.searchsorted(word_starts, bounds), dedupe.ngram)
+        grams, counts = segment_shingles(hashes, words_of_texts(word_starts, texts), dedupe.ngram)
         out["signature"] = signatures(grams, counts, dedupe.num_perm)
     return out
 

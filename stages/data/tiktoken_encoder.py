@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import unicodedata
 
 import numpy as np
 
-from stages.data.word_cache import Encoded, WordCache, post_processor_keeps_offsets, pre_tokenizer_steps
+from stages.data.word_cache import Encoded, WordCache, split_pipeline
 
 
 def merges_are_ranks(vocab: dict[str, int], merges: list) -> bool:
@@ -55,18 +54,13 @@ class TiktokenEncoder:
         import tiktoken
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-        spec = json.loads(tok.backend_tokenizer.to_str())
+        pipeline = split_pipeline(tok)
+        if pipeline is None:
+            return None
+        spec, nfc, (pattern, byte_level) = pipeline
         model, added = spec["model"], spec["added_tokens"]
-        if tok.backend_tokenizer.encode_special_tokens or spec["truncation"] or spec["padding"] \
-                or any(t["lstrip"] or t["rstrip"] or t["single_word"] or t["normalized"] for t in added):
-            return None
-        normalizer = (spec["normalizer"] or {}).get("type")
-        if normalizer not in (None, "NFC") or model["type"] != "BPE" or model.get("dropout") \
-                or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
-                or not post_processor_keeps_offsets(spec["post_processor"]):
-            return None
-        steps = pre_tokenizer_steps(spec["pre_tokenizer"])
-        if steps is None or not steps[1] or steps[0] is None:
+        if model["type"] != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
+                or not byte_level or pattern is None or any(t["normalized"] for t in added):
             return None
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
         try:
@@ -77,7 +71,7 @@ class TiktokenEncoder:
             return None
         specials = {t["content"]: t["id"] for t in added}
         try:
-            encoding = tiktoken.Encoding(f"mindxtrain-{id(tok)}", pat_str=steps[0], mergeable_ranks=ranks,
+            encoding = tiktoken.Encoding(f"mindxtrain-{id(tok)}", pat_str=pattern, mergeable_ranks=ranks,
                                          special_tokens=specials)
         except ValueError:
             return None  # a pattern tiktoken's regex engine does not read
@@ -86,7 +80,7 @@ class TiktokenEncoder:
             token_bytes[i] = len(token)
         for content, i in specials.items():
             token_bytes[i] = len(content.encode())
-        return TiktokenEncoder(encoding, normalizer == "NFC", token_bytes)
+        return TiktokenEncoder(encoding, nfc, token_bytes)
 
     def encode_batch(self, texts: list[str]) -> Encoded:
         """The texts' ids and where each token starts (in characters, in its own text); a text

@@ -88,23 +88,12 @@ class WordCache:
     @functools.lru_cache(maxsize=8)
     def of(tok) -> WordCache | None:
         """A cache for this tokenizer if its pipeline is one this module reproduces, else None."""
-        spec = json.loads(tok.backend_tokenizer.to_str())
-        added = spec["added_tokens"]
-        if tok.backend_tokenizer.encode_special_tokens or spec["truncation"] or spec["padding"] \
-                or any(t["lstrip"] or t["rstrip"] or t["single_word"] for t in added):
+        pipeline = split_pipeline(tok)
+        if pipeline is None or pipeline[0]["model"]["type"] not in MODELS:
             return None
-        normalizer = (spec["normalizer"] or {}).get("type")
-        model = spec["model"]
-        if normalizer not in (None, "NFC") or model["type"] not in MODELS or model.get("dropout"):
-            return None
-        if not post_processor_keeps_offsets(spec["post_processor"]):
-            return None
-        steps = pre_tokenizer_steps(spec["pre_tokenizer"])
-        if steps is None:
-            return None
-        pattern, byte_level = steps
+        spec, nfc, (pattern, byte_level) = pipeline
         try:
-            return WordCache(tok.backend_tokenizer, pattern, byte_level, normalizer == "NFC", added)
+            return WordCache(tok.backend_tokenizer, pattern, byte_level, nfc, spec["added_tokens"])
         except regex.error:
             return None  # a pattern in a regex dialect the regex module does not read
 
@@ -317,6 +306,24 @@ def alternation(tokens: list[str]):
 def split(pattern, text: str) -> list[str]:
     """text around the matches of `pattern`, the matches at odd indices."""
     return pattern.split(text) if pattern else [text]
+
+
+def split_pipeline(tok) -> tuple[dict, bool, tuple[str | None, bool]] | None:
+    """(the tokenizer's spec, whether it normalizes to NFC, its pre-tokenizer's (pattern,
+    byte-level?)) where its pipeline is normalize (NFC or nothing), split by a pattern, then
+    the model once per word, with added tokens matched as written and offsets left as the
+    pre-tokenizer gives them: what the word cache and the tiktoken encoder both reproduce
+    (each then checks its model). None for any other pipeline."""
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    if tok.backend_tokenizer.encode_special_tokens or spec["truncation"] or spec["padding"] \
+            or any(t["lstrip"] or t["rstrip"] or t["single_word"] for t in spec["added_tokens"]):
+        return None
+    normalizer = (spec["normalizer"] or {}).get("type")
+    steps = pre_tokenizer_steps(spec["pre_tokenizer"])
+    if normalizer not in (None, "NFC") or spec["model"].get("dropout") or steps is None \
+            or not post_processor_keeps_offsets(spec["post_processor"]):
+        return None
+    return spec, normalizer == "NFC", steps
 
 
 def post_processor_keeps_offsets(spec: dict | None) -> bool:

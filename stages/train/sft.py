@@ -26,14 +26,15 @@ def dataset(shards: Path, tok=None):
 def collate(rows):
     """Packed rows are already full length: stack them. No attention mask, so the model
     builds a causal mask per document from the restarting position ids. loss_rows: the
-    flattened positions whose next token is a target, found here on the CPU so that
-    selecting them on the GPU needs no host sync."""
+    flattened positions whose next token is a target, and loss_targets those targets, found
+    here on the CPU so that selecting them on the GPU needs no host sync."""
     import torch
 
     batch = {k: torch.tensor([r[k] for r in rows], dtype=torch.long)
              for k in ("input_ids", "labels", "position_ids")}
-    targets = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=packed.IGNORE)
-    batch["loss_rows"] = (targets.flatten() != packed.IGNORE).nonzero().squeeze(1)
+    targets = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=packed.IGNORE).flatten()
+    batch["loss_rows"] = (targets != packed.IGNORE).nonzero().squeeze(1)
+    batch["loss_targets"] = targets[batch["loss_rows"]]
     return batch
 
 
@@ -73,18 +74,16 @@ def model_loss_trainer():
     (TargetRowsHead). TRL's default runs its chunked LM head instead, which also computes
     entropy and token accuracy for the logs: three host syncs and extra passes over the
     vocabulary per micro-batch (bench/step_profile.py times both)."""
-    import torch
     from transformers import Trainer
     from trl import SFTTrainer
 
     class ModelLossSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs = dict(inputs)
-            rows = inputs.pop("loss_rows")
+            rows, targets = inputs.pop("loss_rows"), inputs.pop("loss_targets")
             if return_outputs or not self.head.usable:
                 return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
-            labels = inputs.pop("labels")
-            targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=packed.IGNORE).flatten()[rows]
+            inputs.pop("labels")
             with self.head.only(rows):
                 logits = model(**inputs).logits
             base = without_peft(self.accelerator.unwrap_model(model))
