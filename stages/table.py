@@ -21,8 +21,9 @@ RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "tr
 STAGES = {s.name: s for s in [
     Stage("base", "stages.base", ("model",), {}, ("torch", "transformers"),
           "the base model + tokenizer as an artifact"),
-    Stage("plan", "stages.plan", ("hardware", "autotune", "train.peft", "train.lora", "train.micro_batch_size",
-                                  "train.grad_accum", "data.max_length"),
+    Stage("plan", "stages.plan", ("hardware", "autotune", "train.method", "train.peft", "train.lora",
+                                  "train.micro_batch_size", "train.grad_accum", "train.max_completion_length",
+                                  "data.max_length"),
           {"base": ("config.json",)}, ("torch", "transformers", "peft"),
           "plan.json: the decisions training applies verbatim"),
     Stage("shards", "stages.shards", ("data", "train.method"), {"base": TOKENIZER_FILES},

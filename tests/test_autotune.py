@@ -187,3 +187,16 @@ def test_search_tries_every_checkpointing_mode_again_once_compiled():
     assert (d["compile"], d["gradient_checkpointing"], d["micro_batch_size"]) == (True, "off", 4)
     compiled = {(m["gradient_checkpointing"], m["micro_batch_size"]) for m in found["measurements"] if m["compile"]}
     assert ("full", 8) not in compiled  # 6.5 x 1.2 could not come near the best: not worth a compile
+
+
+def test_the_probe_measures_the_rows_each_method_runs():
+    """A preference pair is two sequences in one forward (TRL's collator stacks chosen and
+    rejected), so the probe measures micro-batch x 2 rows for it; a GRPO row is its prompt and a
+    sampled completion, so it measures prompts of data.max_length plus the completion's tokens."""
+    from stages.engine.recipe import TrainSection
+    from stages.train.settings import step_shape
+
+    for method in ("dpo", "orpo", "reward"):
+        assert step_shape(TrainSection(method=method), 1024) == (2, 1024)
+    assert step_shape(TrainSection(method="grpo", max_completion_length=256), 512) == (1, 768)
+    assert step_shape(TrainSection(method="sft"), 2048) == (1, 2048)

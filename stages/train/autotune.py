@@ -1,6 +1,7 @@
 """autotune: the plan stage's probe on a GPU. A few real training steps per candidate, on
 the run's shapes (the model's own architecture in the run's dtype, LoRA as the recipe
-says, micro-batches of packed sequences of data.max_length), inside a time budget.
+says, micro-batches of packed sequences shaped as the method runs them: settings.step_shape,
+two sequences per preference pair, a GRPO prompt plus its completion), inside a time budget.
 
 Candidates are tried in stages, each keeping the winner of the last: attention
 implementation; activation checkpointing (off / selective: every other layer / full)
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, nf4_config, rocm_env, sdpa_backend,
-                                   training_mode)
+                                   step_shape, training_mode)
 
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
 DOCUMENT_MEDIAN = 450  # tokens: packed sequences are cut into documents of lognormal length
@@ -145,7 +146,8 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)
-    t, length = recipe.train, recipe.data.max_length
+    t = recipe.train
+    sequences, length = step_shape(t, recipe.data.max_length)
     deadline = time.monotonic() + recipe.autotune.budget_seconds
     total = torch.cuda.get_device_properties(0).total_memory
 
@@ -191,7 +193,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         try:
             model = model_for(setting)
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-            batch = packed_batch(setting["micro_batch_size"], length, config.vocab_size)
+            batch = packed_batch(setting["micro_batch_size"] * sequences, length, config.vocab_size)
             # as training runs: the plan's SDPA backend, LoRA inputs left in bf16 under autocast
             with sdpa_backend(setting["sdpa_backend"]), disable_input_dtype_casting(model):
                 times = []

@@ -23,6 +23,21 @@ def nodes() -> int:
     return int(value)
 
 
+PAIRED_METHODS = ("dpo", "orpo", "reward")  # chosen and rejected run through the model as one batch
+
+
+def step_shape(t, max_length: int) -> tuple[int, int]:
+    """(sequences per example, tokens per sequence) of one training micro-batch row, as the
+    method runs it: a preference pair is two sequences in one forward; a GRPO sequence is its
+    prompt (up to data.max_length) and a sampled completion. The probe measures this shape, so
+    the micro-batch it picks fits the method that will train with it."""
+    if t.method in PAIRED_METHODS:
+        return 2, max_length
+    if t.method == "grpo":
+        return 1, max_length + t.max_completion_length
+    return 1, max_length
+
+
 def lora_config(t, task_type: str = "CAUSAL_LM"):
     """PEFT's LoraConfig from the recipe's train section (its lora and the method's task:
     SEQ_CLS for a reward model, whose new scoring head PEFT then trains in full)."""
