@@ -33,5 +33,30 @@ def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
 
     args = GRPOConfig(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
                       max_completion_length=t.max_completion_length)
-    return GRPOTrainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
-                       processing_class=tok, peft_config=peft_config(t))
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
+                          processing_class=tok, peft_config=peft_config(t))
+    generate_eagerly(trainer.model, plan)
+    return trainer
+
+
+def generate_eagerly(model, plan: dict) -> None:
+    """The plan's decisions are measured on training steps. Sampling runs the same model a token
+    at a time, where the compiled layers fail (flex attention: inductor finds no kernel for the
+    decode shapes, lent H100), so the model's generate runs its layers eagerly with SDPA, under the
+    autocast training runs in (training_context leaves LoRA's inputs in bf16 for it)."""
+    from contextlib import nullcontext
+
+    import torch
+
+    generate = model.generate
+    autocast = (lambda: torch.autocast(plan["device"], dtype=torch.bfloat16)) if plan["dtype"] == "bfloat16" else nullcontext
+
+    def eager_generate(*args, **kwargs):
+        model.set_attn_implementation("sdpa")
+        try:
+            with torch.compiler.set_stance("force_eager"), autocast():
+                return generate(*args, **kwargs)
+        finally:
+            model.set_attn_implementation(plan["attn_implementation"])
+
+    model.generate = eager_generate
