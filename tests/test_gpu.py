@@ -80,7 +80,9 @@ def test_qlora_trains_lora_over_a_4bit_base(fresh):
     assert config["peft_type"] == "LORA" and config["r"] == 16
     assert (art / "adapter" / "adapter_model.safetensors").is_file() and not (art / "model").exists()
     losses = [json.loads(line)["loss"] for line in (art / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 60 and sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+    # a random-weight base: the loss starts at ln(vocab) ~ 12 and LoRA alone brings it to ~7.4 in 60 steps
+    # (lent H100, 2026-11-25); a quarter down is learning, not noise
+    assert len(losses) == 60 and sum(losses[-5:]) / 5 < 0.75 * sum(losses[:5]) / 5
     print(f"QLoRA loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     assert doit(fresh, "verify:qwen3_small_qlora").rc == 0
 
