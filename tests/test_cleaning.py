@@ -135,7 +135,7 @@ def test_described_rows_are_their_own_texts_hashed():
     for settings in (DedupeSection(near_threshold=0.8), DedupeSection(ngram=3, num_perm=16)):
         facts = cleaning.describe(records, settings)
         near = cleaning.NearDuplicates(settings.near_threshold or 0.5, settings.num_perm, settings.ngram,
-                                       [facts["signature"]])
+                                       lambda: [facts["signature"]], np.ones(len(records), dtype=bool))
         gram_sets = near.gram_sets(records)
         for i, record in enumerate(records):
             norm = cleaning.normalized(record)
@@ -155,3 +155,49 @@ def test_signatures_are_datasketchs_minhash():
     ours = cleaning.signatures(np.concatenate(grams), np.array([len(g) for g in grams]), settings.num_perm)
     for text, got in zip(texts, ours):
         assert np.array_equal(got, minhash(text, settings)), text[:80]
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
+def test_near_dedupe_decides_as_datasketchs_lsh_with_exact_jaccard(monkeypatch):
+    """NearDuplicates' batched decisions (its look-ahead over NEAR_BATCH rows, made small here so
+    many batches meet) and its MinHash-estimate shortcut decide as the plain algorithm does: each
+    row in order is queried in datasketch's own MinHashLSH of the kept rows, and is a near
+    duplicate of the first candidate (in row order) whose exact n-gram Jaccard reaches the
+    threshold. Rows: real GSM8K rows, near copies, and rows sharing half their text with another
+    (candidates that must be compared and kept)."""
+    from datasketch import MinHash, MinHashLSH
+
+    monkeypatch.setattr(cleaning, "NEAR_BATCH", 7)
+    originals = records_of(GSM8K.read_text().splitlines()[:400])
+    rng = random.Random(3)
+    copies = [near_copy(originals[i], rng, changes=rng.randint(1, 12)) for i in rng.sample(range(400), 80)]
+
+    def halves(a, b):  # the second half of one answer and the first half of another
+        x, y = a["messages"][1]["content"].split(" "), b["messages"][1]["content"].split(" ")
+        return {"messages": [a["messages"][0], {"role": "assistant",
+                                                "content": " ".join(x[len(x) // 2:] + y[: len(y) // 2])}]}
+
+    mixed = [halves(originals[i], originals[i + 1]) for i in rng.sample(range(399), 80)]
+    stream = originals + copies + mixed
+    rng.shuffle(stream)
+    settings = DedupeSection()
+    facts = cleaning.describe(stream, settings)
+    codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
+                                      FiltersSection(max_repetition=None), lambda: [facts["signature"]],
+                                      lambda rows: (stream[i] for i in rows))
+
+    lsh = MinHashLSH(threshold=settings.near_threshold, num_perm=settings.num_perm, weights=(0.2, 0.8))
+    grams = [np.unique(shingles(cleaning.normalized(r), settings.ngram)) for r in stream]
+    want = np.zeros(len(stream), dtype=np.int64) - 1
+    for i, signature in enumerate(facts["signature"]):
+        sketch = MinHash(num_perm=settings.num_perm, seed=1, scheme=cleaning.SCHEME, hashvalues=signature)
+        if codes[i] == 1:  # an exact duplicate: never a near-dedupe candidate
+            continue
+        for j in sorted(lsh.query(sketch)):
+            if cleaning.jaccard(grams[j], grams[i]) >= settings.near_threshold:
+                want[i] = j
+                break
+        else:
+            lsh.insert(i, sketch)
+    assert (want >= 0).sum() > 40  # the copies with a few words changed are found
+    assert np.array_equal(np.where(codes == 2, of, -1), want)

@@ -91,6 +91,10 @@ def _permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     return MinHash(num_perm=num_perm, seed=1, scheme=SCHEME).permutations
 
 
+NEAR_BATCH = 2048  # rows near dedupe looks ahead over, to make the n-gram sets it will compare at once
+ESTIMATE_SDS = 4  # a pair whose MinHash estimate is this many standard deviations under the threshold is not compared
+
+
 class NearDuplicates:
     """LSH banding over every row's MinHash signature, decided row by row in order: a row is a
     near copy if a row kept before it shares a band and their word n-gram sets reach the
@@ -98,15 +102,21 @@ class NearDuplicates:
 
     Bands and rows per band come from datasketch's MinHashLSH, tuned for recall (a missed
     pair is worse than a wasted comparison). The buckets are found up front with numpy over
-    all signatures, so only rows that share a bucket with another row are ever held in
-    memory (their n-gram sets), instead of an index entry per band for every row."""
+    all signatures, so only rows that share a bucket with another row are ever asked. Most
+    pairs that share a bucket are far from the threshold (text that shares a passage, a
+    prompt, a licence header): their MinHash estimate (the share of equal signature values)
+    says so, and only pairs whose estimate comes within ESTIMATE_SDS standard deviations of
+    the threshold are compared exactly, so only their rows are read again and their n-gram
+    sets made. The exact comparison alone drops a row: the estimate's noise never does."""
 
-    def __init__(self, threshold: float, num_perm: int, ngram: int, signature_chunks):
+    def __init__(self, threshold: float, num_perm: int, ngram: int, signature_chunks, eligible: np.ndarray):
         from datasketch import MinHashLSH
 
         lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8))
         self.threshold, self.ngram, self.bands, self.rows = threshold, ngram, lsh.b, lsh.r
-        keys = [self.band_keys(chunk) for chunk in signature_chunks]
+        spread = max(threshold, 0.5)  # the estimate's variance J(1-J)/num_perm is largest at J = 0.5
+        self.cutoff = threshold - ESTIMATE_SDS * (spread * (1 - spread) / num_perm) ** 0.5
+        keys = [self.band_keys(chunk) for chunk in signature_chunks()]
         self.keys = np.concatenate(keys) if keys else np.zeros((0, self.bands), dtype=np.uint64)  # a bucket per key
         self.shared = np.zeros(self.keys.shape, dtype=bool)
         for band in range(self.bands):
@@ -114,8 +124,17 @@ class NearDuplicates:
             repeated = ordered[1:][ordered[1:] == ordered[:-1]]
             if len(repeated):
                 self.shared[:, band] = np.isin(self.keys[:, band], repeated)
-        self.members: dict[tuple[int, int], list[int]] = {}
-        self.kept: dict[int, np.ndarray] = {}  # n-gram sets of kept rows that share a bucket
+        self.asked = np.flatnonzero(self.shared.any(axis=1) & eligible)
+        self.position = np.full(len(self.keys), -1, dtype=np.int64)
+        self.position[self.asked] = np.arange(len(self.asked))
+        sketches, at = [], 0  # the asked rows' signatures, low 16 bits (a chance equality only raises the estimate)
+        for chunk in signature_chunks():
+            sketches.append(chunk[self.position[at: at + len(chunk)] >= 0].astype(np.uint16))
+            at += len(chunk)
+        self.sketch = np.concatenate(sketches) if sketches else np.zeros((0, num_perm), dtype=np.uint16)
+        self.members: dict[tuple[int, int], list[int]] = {}  # bucket -> kept rows in it
+        self.kept: set[int] = set()
+        self.grams: dict[int, np.ndarray] = {}  # n-gram sets of rows in a pair compared exactly
 
     def band_keys(self, signatures: np.ndarray) -> np.ndarray:
         bands = signatures[:, : self.bands * self.rows].astype(np.uint64).reshape(len(signatures), self.bands, self.rows)
@@ -135,19 +154,50 @@ class NearDuplicates:
         cuts = np.searchsorted(keys >> np.uint64(32), np.arange(1, len(texts), dtype=np.uint64))
         return np.split(keys & np.uint64(0xFFFFFFFF), cuts)
 
-    def seen(self, i: int, grams: np.ndarray) -> int | None:
-        """For row i (rows asked in increasing order) and its n-gram set: the row kept before it
-        that it is a near copy of, or None, and it is kept. Only rows that share a bucket are
-        asked, and only kept ones have their n-grams held."""
-        buckets = [(int(band), int(self.keys[i, band])) for band in np.flatnonzero(self.shared[i])]
-        candidates = sorted({j for b in buckets for j in self.members.get(b, ())})
-        copied = next((j for j in candidates if jaccard(self.kept[j], grams) >= self.threshold), None)
-        if copied is not None:
-            return copied
-        for b in buckets:
-            self.members.setdefault(b, []).append(i)
-        self.kept[i] = grams
-        return None
+    def buckets(self, i: int) -> list[tuple[int, int]]:
+        return [(int(band), int(self.keys[i, band])) for band in np.flatnonzero(self.shared[i])]
+
+    def close(self, i: int, candidates: list[int]) -> list[int]:
+        """The candidates (in increasing order) whose MinHash estimate with row i reaches the cutoff."""
+        if not candidates:
+            return []
+        at = self.position[np.array(candidates)]
+        agree = np.count_nonzero(self.sketch[at] == self.sketch[self.position[i]], axis=1) / self.sketch.shape[1]
+        return [j for j, ok in zip(candidates, (agree >= self.cutoff).tolist()) if ok]
+
+    def decide(self, records):
+        """(row, the kept row it is a near copy of) of each near duplicate among the asked rows,
+        in order; records(rows) gives those rows' records (rows in increasing order). A batch of
+        rows at a time: first the pairs that could reach the threshold, against kept rows and
+        against every earlier row of the batch (whether those are kept is not known yet), whose
+        rows' n-gram sets are then made at once; then each row in order against the kept rows
+        among them, exactly."""
+        for lo in range(0, len(self.asked), NEAR_BATCH):
+            batch = self.asked[lo: lo + NEAR_BATCH].tolist()
+            buckets = [self.buckets(i) for i in batch]
+            earlier: dict[tuple[int, int], list[int]] = {}
+            plausible: dict[int, list[int]] = {}
+            for i, where in zip(batch, buckets):
+                candidates = {j for b in where for j in self.members.get(b, ())}
+                candidates.update(j for b in where for j in earlier.get(b, ()))
+                close = self.close(i, sorted(candidates))
+                if close:
+                    plausible[i] = close
+                for b in where:
+                    earlier.setdefault(b, []).append(i)
+            need = sorted(({j for close in plausible.values() for j in close} | plausible.keys()) - self.grams.keys())
+            if need:
+                self.grams.update(zip(need, self.gram_sets(list(records(np.array(need, dtype=np.int64))))))
+            for i, where in zip(batch, buckets):
+                copied = next((j for j in plausible.get(i, ()) if j in self.kept
+                               and jaccard(self.grams[j], self.grams[i]) >= self.threshold), None)
+                if copied is None:
+                    self.kept.add(i)
+                    for b in where:
+                        self.members.setdefault(b, []).append(i)
+                else:
+                    self.grams.pop(i, None)  # a near copy is never compared again
+                    yield i, copied
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -253,17 +303,14 @@ def repeated_shares(grams: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
 REASONS = ("exact_duplicate", "near_duplicate", "repetitive")
 
 
-NEAR_BATCH = 2048  # rows whose n-gram sets are hashed together before near dedupe decides them in order
-
-
 def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filters, signature_chunks,
                  records) -> tuple[np.ndarray, np.ndarray]:
     """Why each row is dropped (0 kept, else 1 + the index in REASONS), deciding as if row by row
     in their fixed order, so the first row of a group of duplicates is kept, on every machine:
     a row is an exact duplicate of any earlier row with its fingerprint; else, with near dedupe
     on, a near duplicate of an earlier kept row (signature_chunks() gives every row's signature
-    in order; records(rows) gives those rows' records in order, asked only of rows that share
-    an LSH bucket); else
+    in order, and is called twice; records(rows) gives those rows' records in order, asked only
+    of rows in a pair NearDuplicates compares exactly); else
     repetitive above filters.max_repetition. Also, for each duplicate, the row it repeats (-1
     for the others)."""
     codes = np.ones(len(fingerprints), dtype=np.int8)
@@ -272,14 +319,9 @@ def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filte
     codes[first] = 0
     of = np.where(codes == 1, first[group.ravel()], -1)
     if dedupe.near_threshold:
-        near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks())
-        asked = np.flatnonzero(near.shared.any(axis=1) & (codes == 0))
-        for lo in range(0, len(asked), NEAR_BATCH):
-            batch = asked[lo: lo + NEAR_BATCH]
-            for i, grams in zip(batch.tolist(), near.gram_sets(list(records(batch)))):
-                copied = near.seen(i, grams)
-                if copied is not None:
-                    codes[i], of[i] = 2, copied
+        near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks, codes == 0)
+        for i, copied in near.decide(records):
+            codes[i], of[i] = 2, copied
     if filters.max_repetition is not None:
         codes[(codes == 0) & (repetition.astype(np.float64) > filters.max_repetition)] = 3
     return codes, of

@@ -47,15 +47,19 @@ def chunk_records(path: Path, src, rows_at, kind: str) -> list[dict]:
     return [stored_record(stored[bounds[i]: bounds[i + 1] - 1], from_source, src, kind) for i in rows_at]
 
 
-@functools.lru_cache(maxsize=2)
-def chunk_rows(path: Path) -> tuple[bytes, np.ndarray, bool]:
-    """A prepared chunk's rows as stored, where each begins, and whether they are source lines
-    (kept while near dedupe asks for records of the same chunk, row after row)."""
+@functools.lru_cache(maxsize=64)
+def chunk_rows(path: Path):
+    """A prepared chunk's rows as stored (mapped, so reading a few rows reads only their pages),
+    where each begins, and whether they are source lines; kept open while near dedupe and the
+    shard writer ask for rows of the same chunks again and again."""
+    import mmap
+
     from safetensors import safe_open
 
     with safe_open(str(path), "np") as f:
         from_source, bounds = f.metadata()["rows"] == "source", f.get_tensor("row_offsets")
-    return path.with_suffix(".rows").read_bytes(), bounds, from_source
+    with open(path.with_suffix(".rows"), "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), bounds, from_source
 
 
 class Prepared:
