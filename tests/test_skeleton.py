@@ -100,6 +100,9 @@ LOOKS = {  # what the template adds after each message's content, and whether ro
     "in string filter": ("{% if 'a' in m.content|string %}!{% endif %}", True),
     "namespace": ("{% set ns = namespace(c=m.content) %}{{ ns.c }}", True),
     "strip of a sum": ("{{ (m.content + 'x').strip() }}", True),
+    "lstrip newlines": ("{{ m.content.lstrip('\\n') }}{% if m.content.lstrip('\\n') %}!{% endif %}", True),
+    "strip, then strip again": ("{{ m.content.strip('\\n').rstrip() }}", True),
+    "rstrip with other characters": ("{{ m.content.rstrip('x ') }}", True),
     "macro then test": ("{% macro show(c) %}[{{ c }}]{% endmacro %}{% set x = show(m.content) %}"
                         "{% if 'a' in x %}A{% endif %}{{ x }}", True),
     "captured block": ("{% set x %}{{ m.content }}{% endset %}{{ x.strip() }}{% if x %}!{% endif %}", True),
@@ -149,3 +152,18 @@ def test_other_ways_to_reach_a_field_render_the_same(name):
         sk = template._skeleton(tok, tok.chat_template, template.shape_of(messages))
         if sk is not None and sk.guards is not None and skeleton.holds(sk.guards, messages):
             assert template.fill(sk.pieces, messages)[0] == template.render(tok, messages), messages
+
+
+def test_a_field_stripped_by_the_template_is_replayed_not_guarded():
+    """Qwen3's template writes the last answer as content.lstrip('\\n'): rows whose answer starts
+    with a line break (a tenth of real code answers) are filled with it stripped, through the
+    fast path, to the template's own text and spans."""
+    tok = char_tokenizer()
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\n\nfirst line\nsecond"}]
+    sk = template._skeleton(tok, tok.chat_template, template.shape_of(messages))
+    assert skeleton.holds(sk.guards, messages)
+    assert any(not isinstance(p, str) and p[2:] == ("lstrip", "\n") for p in sk.pieces)
+    text, spans = template.render_with_spans(tok, messages)
+    assert (text, spans) == template.rendered_with_spans(tok, messages, None)
+    assert text.endswith("<think>\n\n</think>\n\nfirst line\nsecond<|im_end|>\n")  # the two line breaks stripped

@@ -4,7 +4,9 @@ A template's output is, nearly always, literal text around the messages' own fie
 Rendering it once per shape (roles, and which turns carry reasoning) with a Slot in
 place of each field gives that skeleton; every way the template looked at a field on
 the way ('</think>' in content, content.startswith(...), content == '', `if content`,
-a strip or split that left it whole) is recorded as a guard with its result. A row
+a strip or split that left it whole) is recorded as a guard with its result. A field
+stripped on its own (Qwen3's `content.lstrip('\n')`) is not a guard but part of the
+skeleton: the piece is the row's field stripped the same way when it is filled. A row
 whose fields give every guard the same result takes the same branches through the
 template and joins the same pieces, so its rendering is the skeleton with its fields
 in place. Any other row is rendered by the template itself.
@@ -23,6 +25,23 @@ import functools
 FIRST_PLACEHOLDER = 0xE100  # private-use characters, two per message (content, reasoning)
 MAX_MESSAGES = (0xF8FF - FIRST_PLACEHOLDER) // 4  # two alphabets of two characters a message
 PLACEHOLDERS = (chr(FIRST_PLACEHOLDER), chr(0xF8FF))
+
+
+# strip, lstrip and rstrip of a lone field, with these characters, are replayed on the row's field;
+# in a rendering with slots, the field's placeholder is preceded by the transform's marker character
+TRANSFORMS = (("strip", None), ("lstrip", None), ("rstrip", None), ("strip", "\n"), ("lstrip", "\n"), ("rstrip", "\n"))
+FIRST_MARKER = 0xE0F0
+
+
+def marker(transform: tuple) -> str:
+    return chr(FIRST_MARKER + TRANSFORMS.index(transform))
+
+
+def value(messages: list[dict], ref: tuple) -> str:
+    """A field's text for a reference: (message, field), or (message, field, method, chars) for a
+    field stripped by the template."""
+    text = messages[ref[0]][ref[1]]
+    return getattr(text, ref[2])(ref[3]) if len(ref) == 4 else text
 
 
 def placeholder(ref: tuple[int, str], shift: int = 0) -> str:
@@ -66,7 +85,8 @@ class Slot:
 
     def __init__(self, parts: tuple, guards: list):
         self._parts, self._guards = parts, guards
-        self._text = "".join(p if isinstance(p, str) else placeholder(p) for p in parts)
+        self._text = "".join(p if isinstance(p, str) else (marker(p[2:]) if len(p) == 4 else "") + placeholder(p[:2])
+                             for p in parts)
 
     def _ask(self, check: str, *args):
         if not all(a is None or isinstance(a, int) or is_text(a) for a in args):
@@ -98,14 +118,22 @@ class Slot:
     def endswith(self, suffix):
         return self._ask("endswith", suffix)
 
+    def _stripped(self, method: str, chars) -> Slot:
+        """A lone field stripped: the field with the method applied when filled. Anything else
+        stripped must be left whole by it (a guard)."""
+        lone = len(self._parts) == 1 and not isinstance(self._parts[0], str) and len(self._parts[0]) == 2
+        if lone and (method, chars) in TRANSFORMS:
+            return Slot((self._parts[0] + (method, chars),), self._guards)
+        return self._whole(method, chars)
+
     def strip(self, chars=None):
-        return self._whole("strip", chars)
+        return self._stripped("strip", chars)
 
     def lstrip(self, chars=None):
-        return self._whole("lstrip", chars)
+        return self._stripped("lstrip", chars)
 
     def rstrip(self, chars=None):
-        return self._whole("rstrip", chars)
+        return self._stripped("rstrip", chars)
 
     def split(self, sep=None, maxsplit=-1):
         return [self._whole("split", sep, maxsplit)]
@@ -279,9 +307,9 @@ def holds(guards: list, messages: list[dict]) -> bool:
     """Whether a row's fields give every guard its recorded result."""
     for parts, check, args, result in guards:
         if len(parts) == 1 and not isinstance(parts[0], str):
-            text = messages[parts[0][0]][parts[0][1]]
+            text = value(messages, parts[0])
         else:
-            text = "".join(p if isinstance(p, str) else messages[p[0]][p[1]] for p in parts)
+            text = "".join(p if isinstance(p, str) else value(messages, p) for p in parts)
         if CHECKS[check](text, *args) != result:
             return False
     return True

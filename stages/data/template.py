@@ -92,6 +92,8 @@ def assistant_spans(tok, messages: list[dict], full: str) -> list[tuple[int, int
 
 
 PLACEHOLDER = re.compile(f"([{skeleton.PLACEHOLDERS[0]}-{skeleton.PLACEHOLDERS[1]}])")
+MARKED = re.compile(f"([{chr(skeleton.FIRST_MARKER)}-{chr(skeleton.FIRST_MARKER + len(skeleton.TRANSFORMS) - 1)}]?"
+                    f"[{skeleton.PLACEHOLDERS[0]}-{skeleton.PLACEHOLDERS[1]}])")
 
 
 def shape_of(messages: list[dict]) -> tuple:
@@ -127,7 +129,25 @@ def _skeleton(tok, chat_template: str, shape: tuple) -> Skeleton | None:
     # passes the template anything else, the rendering differs from `text` and no row uses the skeleton)
     kwargs = {k: [str(x) for x in v] if isinstance(v, list) else str(v) for k, v in tok.special_tokens_map.items()}
     with_slots = skeleton.render_with_slots(dated(chat_template), for_template(slots), kwargs)
-    return Skeleton(pieces, tuple(guards) if with_slots == text else None)
+    if with_slots is None or unmarked(with_slots) != text:
+        return Skeleton(pieces, None)
+    return Skeleton(marked_pieces(with_slots), tuple(guards))
+
+
+def unmarked(text: str) -> str:
+    """A rendering with slots as the template renders the placeholders themselves: without the
+    markers of stripped fields."""
+    return text.translate({skeleton.FIRST_MARKER + k: None for k in range(len(skeleton.TRANSFORMS))})
+
+
+def marked_pieces(text: str) -> tuple:
+    """A rendering with slots as pieces: literal text, (message, field), and (message, field,
+    method, chars) where the template stripped the field."""
+    def piece(token: str):
+        ref = skeleton.field_of(token[-1])
+        return ref + skeleton.TRANSFORMS[ord(token[0]) - skeleton.FIRST_MARKER] if len(token) == 2 else ref
+
+    return tuple(p if k % 2 == 0 else piece(p) for k, p in enumerate(MARKED.split(text)))
 
 
 def placeholder_rendering(tok, shape: tuple, fields: list, shift: int) -> tuple[str, tuple | None]:
@@ -142,21 +162,25 @@ def placeholder_rendering(tok, shape: tuple, fields: list, shift: int) -> tuple[
 
 
 def fill(pieces: tuple, messages: list[dict]) -> tuple[str, dict, dict, bool]:
-    """The pieces with the row's fields in place: (text, where each message's first field starts,
-    where each content ends, whether every field appears at most once)."""
-    filled, first, end, seen = [], {}, {}, set()
+    """The pieces with the row's fields in place: (text, where each message's first non-empty
+    field starts (else its content), where each content ends, whether every field appears at
+    most once). An empty field marks no place: it may sit inside the text of a role header (an
+    empty reasoning block that a template's generation prompt also holds)."""
+    filled, first, content, end, seen = [], {}, {}, {}, set()
     at, once = 0, True
     for piece in pieces:
         if not isinstance(piece, str):
-            once, i, field = once and piece not in seen, *piece
-            seen.add(piece)
-            first.setdefault(i, at)
-            piece = messages[i][field]
+            i, field = piece[:2]
+            once = once and piece[:2] not in seen
+            seen.add(piece[:2])
+            piece = skeleton.value(messages, piece)
+            if piece:
+                first.setdefault(i, at)
             if field == "content":
-                end[i] = at + len(piece)
+                content[i], end[i] = at, at + len(piece)
         filled.append(piece)
         at += len(piece)
-    return "".join(filled), first, end, once
+    return "".join(filled), {**content, **first}, end, once
 
 
 def spans_at(tok, messages: list[dict], text: str, first: dict, end: dict) -> list[tuple[int, int]] | None:
