@@ -178,7 +178,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
     del trainer, model
     gc.collect()
     torch.cuda.empty_cache()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return result
 
 

@@ -227,6 +227,16 @@ def segment_shingles(h: np.ndarray, bounds: np.ndarray, n: int) -> tuple[np.ndar
     return grams, counts
 
 
+def murmur3_finalizer(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer (uint32 arithmetic wraps): the pre-mix datasketch's affine32
+    scheme applies to each value before its permutations (its own copy is not public API)."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
 SIGNATURE_BATCH = 8192  # n-grams hashed under every permutation at once: 4 MiB at 128, in cache
 
 
@@ -235,10 +245,8 @@ def signatures(grams: np.ndarray, counts: np.ndarray, num_perm: int) -> np.ndarr
     concatenated, `counts` per row, each >= 1): what datasketch's MinHash(scheme="affine32",
     seed=1).update_batch computes from these values, with its own pre-mix and permutations,
     applied to several rows' arrays at once. update_batch takes the values one Python call each."""
-    from datasketch.minhash import _fmix
-
     a, b = (p[:, None] for p in _permutations(num_perm))
-    mixed = _fmix(grams.astype(np.uint32), 32)
+    mixed = murmur3_finalizer(grams.astype(np.uint32))
     ends = np.cumsum(counts)
     starts = ends - counts
     out = np.empty((len(counts), num_perm), dtype=np.uint32)

@@ -236,14 +236,11 @@ def no_slot(value):
 
 @functools.lru_cache(maxsize=8)
 def slot_template(chat_template: str):
-    """The template compiled in transformers' own sandboxed environment, with slots in mind:
-    filters, tests and subscripts guarded, {% generation %} blocks inlined (they only mark
-    positions), and outputs split into top-level ones and captured ones. None for a template
-    with blocks, extends, includes or imports."""
-    import jinja2.ext
+    """The template compiled in a chat environment (chat_environment) with slots in mind:
+    filters, tests and subscripts guarded, and outputs split into top-level ones and captured
+    ones. None for a template with blocks, extends, includes or imports."""
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator
-    from transformers.utils.chat_template_utils import _compile_jinja_template
 
     class Generator(CodeGenerator):
         """Top-level output as usual (finalize: top_level); captured output through `captured`, or,
@@ -269,6 +266,36 @@ def slot_template(chat_template: str):
                 self.write(")")
             super()._output_child_post(node, frame, finalize)
 
+    base = chat_environment()
+    if any(base.parse(chat_template).find_all((nodes.Block, nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport))):
+        return None  # a block's output comes back as plain text through self.<block>()
+    env = base.overlay(finalize=top_level)
+    env.code_generator_class = Generator
+    env.captured, env.no_slot, env.concat = captured, no_slot, concat
+    env.getitem = functools.partial(getitem_by_text, base.getitem)
+    env.tests = {name: guarded_test(name, t) for name, t in base.tests.items()}
+    env.filters = {name: guarded_filter(name, f) for name, f in base.filters.items()}
+    return env.from_string(chat_template)
+
+
+def chat_environment():
+    """A sandboxed jinja environment set up as transformers renders chat templates (trim_blocks,
+    lstrip_blocks, loop controls, tojson, raise_exception, dict), with {% generation %} blocks
+    inlined (they only mark positions): built here, as transformers' own compiler is not public API. A difference would only show as a skeleton whose rendering
+    is not the template's own (render_with_slots's text is compared with apply_chat_template's),
+    whose rows are then rendered by the template."""
+    import json
+
+    import jinja2.ext
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
     class InlineGeneration(jinja2.ext.Extension):
         tags = {"generation"}
 
@@ -276,18 +303,11 @@ def slot_template(chat_template: str):
             next(parser.stream)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
-    base = _compile_jinja_template(chat_template).environment
-    if any(base.parse(chat_template).find_all((nodes.Block, nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport))):
-        return None  # a block's output comes back as plain text through self.<block>()
-    env = base.overlay(finalize=top_level)
-    env.code_generator_class = Generator
-    env.captured, env.no_slot, env.concat = captured, no_slot, concat
-    env.getitem = functools.partial(getitem_by_text, base.getitem)
-    env.extensions = {k: e for k, e in env.extensions.items() if "generation" not in e.tags}
-    env.add_extension(InlineGeneration)
-    env.tests = {name: guarded_test(name, t) for name, t in base.tests.items()}
-    env.filters = {name: guarded_filter(name, f) for name, f in base.filters.items()}
-    return env.from_string(chat_template)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, InlineGeneration])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, dict=dict)
+    return env
 
 
 def render_with_slots(chat_template: str, chat: list[dict], kwargs: dict) -> str | None:

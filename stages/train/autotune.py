@@ -183,7 +183,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         if built["key"] != key:
             built.update(key=None, model=None)
             torch.cuda.empty_cache()
-            torch._dynamo.reset()
+            torch.compiler.reset()
             built.update(key=key, model=build(setting))
         apply_checkpointing(built["model"], setting["gradient_checkpointing"])
         return built["model"]
@@ -225,5 +225,5 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
     built.update(key=None, model=None)
     weights.cleanup()
     torch.cuda.empty_cache()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return found
