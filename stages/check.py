@@ -53,4 +53,4 @@ def tasks(table: dict):
     for name in graph.recipe_names():
         yield {"basename": "check", "name": name, "actions": [(run, [name])],
                "task_dep": [f"shards:{name}", f"plan:{name}"],
-               "uptodate": [(graph.is_built, [name, table["checkpoint"]])], "verbosity": 2}
+               "uptodate": [(graph.is_built, [name, table["checkpoint"], table])], "verbosity": 2}

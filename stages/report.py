@@ -1,12 +1,15 @@
 """report: one self-contained report.html of a build, for people: the scores of base, trained
 and quantized models, the loss curve, what happened to the data (every drop by reason, the first
 dropped rows), the plan's decisions and the probe's measurements, and every stage's key, digest
-and wall time. Built from the manifest and the files it names, plus the stages' run-time
-measurements, which are therefore part of its key (stages/engine/graph.py: Stage.runs).
+and wall time, and where the manifest is anchored on a chain, if it is. Built from the manifest
+and the files it names, plus the stages' run-time measurements, which are therefore part of its
+key (stages/engine/graph.py: Stage.runs), and the anchor's anchor.json where `doit anchor` has
+anchored this manifest (an optional upstream: reporting never needs the chain).
 `doit report:<recipe>`; the page is at artifacts/<recipe>/latest/report/report.html."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 from stages.view.report import loss_svg, render
@@ -31,8 +34,12 @@ def build(ctx, out: Path) -> None:
     models += [(f"quantized {s}", q) for s, q in evaluation.get("quantized", {}).items()]
     metrics = sorted({k for _, scores in models for k in scores})
     measurements = (runs["plan"].get("probe") or {}).get("measurements", [])
+    anchor = None
+    if "anchor" in up:  # absent unless anchored for this manifest
+        anchor = json.loads((up["anchor"] / "anchor.json").read_text())
+        anchor["time"] = datetime.fromtimestamp(anchor["timestamp"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     html = render(
-        recipe=ctx.recipe_name, manifest_digest=ctx.artifacts["manifest"]["digest"],
+        recipe=ctx.recipe_name, manifest_digest=ctx.artifacts["manifest"]["digest"], anchor=anchor,
         heldout_rows=evaluation.get("heldout_rows"), models=models, metrics=metrics,
         loss_svg=loss_svg(steps) if steps else "<p>no steps logged</p>", steps=len(steps),
         first_loss=steps[0]["loss"] if steps else None, last_loss=steps[-1]["loss"] if steps else None,

@@ -1,9 +1,10 @@
 """The stage table: every stage of the build, one row each, in build order.
 
 A row is deps + params + outs, nothing hidden (stages/engine/graph.py's Stage): the recipe
-paths the stage reads, the files of each upstream artifact it reads (by pattern), the
-libraries whose versions shape its output, and its module, whose build(ctx, out) makes the
-artifact. The build sees nothing else: reading an undeclared recipe field or opening an
+paths the stage reads, the files of each upstream artifact it reads (by pattern; `optional=`
+for an upstream read only where it is built for this build), the libraries whose versions shape
+its output, and its module, whose build(ctx, out) makes the artifact. A row reads only rows
+above it. The build sees nothing else: reading an undeclared recipe field or opening an
 undeclared upstream file fails (stages/engine/declared.py). To add a stage, write its module
 beside the others and add its row here; dodo.py makes a task of every row.
 """
@@ -45,12 +46,13 @@ STAGES = {s.name: s for s in [
     Stage("manifest", "stages.manifest", ("",),
           {s: ("*",) for s in ("base", "plan", "shards", "checkpoint", "quantized", "eval")},
           RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything"),
-    Stage("report", "stages.report", (),
-          {"manifest": ("manifest.json",), "eval": ("eval.json",), "shards": ("stats.json", "dropped.jsonl"),
-           "checkpoint": ("metrics.jsonl",)},
-          ("jinja2", "matplotlib"), "report.html: scores, loss curve, data, plan, stages (for people)",
-          runs=("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest")),
     Stage("anchor", "stages.anchor", ("anchor.registry", "anchor.chain_id"), {"manifest": ("manifest.json",)}, (),
           "anchor.json: the manifest's digest anchored in a write-once registry on a chain",
           settings=("anchor.rpc_url", "anchor.keystore", "anchor.uri")),
+    Stage("report", "stages.report", (),
+          {"manifest": ("manifest.json",), "eval": ("eval.json",), "shards": ("stats.json", "dropped.jsonl"),
+           "checkpoint": ("metrics.jsonl",)},
+          ("jinja2", "matplotlib"), "report.html: scores, loss curve, data, plan, stages, anchor (for people)",
+          runs=("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"),
+          optional={"anchor": ("anchor.json",)}),
 ]}

@@ -3,11 +3,14 @@ web3's EthereumTesterProvider, and `doit anchor` / `doit verify` through web3's 
 against a real JSON-RPC node (anvil, pinned in contracts/package.json) on 127.0.0.1."""
 from __future__ import annotations
 
+import html
 import json
+import re
 import socket
 import stat
 import subprocess
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import blake3
@@ -23,6 +26,7 @@ from web3.exceptions import ContractCustomError
 from conftest import REPO, doit, snapshot
 from stages.chain import registry, signer
 from stages.engine.errors import UserError
+from stages.engine.store import hash_file, merkle
 
 ANVIL = REPO / "contracts" / "node_modules" / ".bin" / "anvil"
 
@@ -249,3 +253,80 @@ def test_anchor_and_verify_through_a_json_rpc_node(warm, anvil):
     assert failed == [f"error: verify: tiny: anchor: this manifest's digest {meta['digest'][:16]} is not anchored in "
                       f"registry {address} on chain 31337 (anchor.json says {digest[:16]} was, in "
                       f"{anchored['tx_hash']}); if you rebuilt it, run doit anchor"], run.out[-2000:]
+
+
+def report_text(project: Path) -> str:
+    """The text of the recipe's report.html, tags dropped and entities decoded."""
+    page = (project / "artifacts" / "tiny" / "latest" / "report" / "report.html").read_text()
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", "", page)))
+
+
+def report_inputs(project: Path) -> tuple[str, dict]:
+    """The report's key and what it was computed from (its sidecar's inputs)."""
+    key = json.loads((project / "artifacts" / "tiny" / "report.json").read_text())["key"]
+    return key, json.loads((project / "artifacts" / "store" / "report" / f"{key}.json").read_text())["inputs"]
+
+
+def test_the_report_shows_the_anchor_of_its_own_manifest_only(warm, anvil):
+    url, keys = anvil
+    w3 = Web3(Web3.HTTPProvider(url))
+    address = registry.deploy(w3, Account.from_key(keys[0]))
+    recipe = warm / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text() + f"\nanchor:\n  rpc_url: {url}\n")
+    chain = {"MINDXTRAIN_ANCHOR_REGISTRY": address, "MINDXTRAIN_ANCHOR_CHAIN_ID": "31337",
+             "MINDXTRAIN_ANCHOR_KEY": keys[1], "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
+
+    # the report neither builds the anchor nor reads the chain (builds here reach no network)
+    run = doit(warm, "report:tiny")
+    assert run.rc == 0 and run.stages_ran() == {"manifest", "report"}, run.out[-3000:]
+    assert " not anchored " in report_text(warm)
+    before_key, before = report_inputs(warm)
+    assert before["optional"] == {"anchor": None}
+
+    run = doit(warm, "anchor:tiny", env=chain)
+    assert run.rc == 0 and run.stages_ran() == {"anchor"}, run.out[-3000:]
+    status = doit(warm, "status:tiny", env=chain)
+    assert status.rc == 0 and "  report     stale: anchor now built\n" in status.out, status.out
+
+    # anchored: the report is stale, rebuilds (still without the chain) and shows the anchor
+    run = doit(warm, "report:tiny")
+    assert run.rc == 0 and run.stages_ran() == {"report"}, run.out[-3000:]
+    anchor_json = warm / "artifacts" / "tiny" / "latest" / "anchor" / "anchor.json"
+    anchored = json.loads(anchor_json.read_text())
+    when = datetime.fromtimestamp(w3.eth.get_block(anchored["block_number"])["timestamp"], timezone.utc)
+    assert (f"anchored on chain 31337 in registry {address} by transaction {anchored['tx_hash']}, "
+            f"block {anchored['block_number']} ({when:%Y-%m-%d %H:%M:%S} UTC)") in report_text(warm)
+    assert "not anchored" not in report_text(warm)
+    key, inputs = report_inputs(warm)
+    assert key != before_key and {**inputs, "optional": None} == {**before, "optional": None}
+    # the key covers the declared file of the anchor, and only it
+    assert inputs["optional"] == {"anchor": merkle({"anchor.json": hash_file(anchor_json)})}
+    assert doit(warm, "report:tiny").ran == []
+
+    # an anchor.json changed in the store is not shown: the report is the unanchored one again
+    # (from the store), and with the file put back, the anchored one
+    written = anchor_json.read_text()
+    anchor_json.chmod(stat.S_IWUSR | stat.S_IRUSR)
+    anchor_json.write_text(written.replace(anchored["tx_hash"], "0x" + "00" * 32))
+    assert doit(warm, "report:tiny").rc == 0 and report_inputs(warm)[0] == before_key
+    assert " not anchored " in report_text(warm)
+    anchor_json.write_text(written)
+    assert doit(warm, "report:tiny").rc == 0 and report_inputs(warm)[0] == key
+    assert anchored["tx_hash"] in report_text(warm)
+
+    # a new manifest: the anchor of the old one is not this build's, and is not shown
+    recipe.write_text(recipe.read_text() + "checks:\n  max_epochs: 9\n")  # in the manifest, read by no stage
+    run = doit(warm, "report:tiny")
+    assert run.rc == 0 and run.stages_ran() == {"manifest", "report"}, run.out[-3000:]
+    assert json.loads(anchor_json.read_text()) == anchored  # still there, of the old manifest
+    assert " not anchored " in report_text(warm) and anchored["tx_hash"] not in report_text(warm)
+    assert report_inputs(warm)[1]["optional"] == {"anchor": None}
+    status = doit(warm, "status:tiny", env=chain)
+    assert "  anchor     stale: upstream manifest changed\n" in status.out and "  report     up to date\n" in status.out
+
+    # both in one run: the report comes after the anchor
+    run = doit(warm, "anchor:tiny", "report:tiny", env=chain)
+    assert run.rc == 0 and run.ran == ["anchor:tiny", "report:tiny"], run.out[-3000:]
+    again = json.loads(anchor_json.read_text())
+    assert again["digest"] == "0x" + manifest_digest(warm) != anchored["digest"]
+    assert f"by transaction {again['tx_hash']}, block {again['block_number']} " in report_text(warm)

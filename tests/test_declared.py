@@ -119,7 +119,7 @@ def key_changes(project: Path) -> dict:
         out = {}
         for name, stage in STAGES.items():
             try:
-                out[name] = keys.key_of(graph.key_inputs("tiny", stage, recipe))
+                out[name] = keys.key_of(graph.key_inputs("tiny", stage, STAGES, recipe))
             except UserError as e:
                 out[name] = f"error: {e}"
         return out

@@ -63,6 +63,7 @@ def test_the_report_renders_and_says_what_the_artifacts_say(warm, tmp_path):
         key = json.loads((warm / "artifacts" / "tiny" / f"{stage}.json").read_text())["key"]
         assert key in text
     assert "<svg" in html and "learning rate" in text  # the loss curve, drawn
+    assert " not anchored " in text  # no doit anchor:tiny here
 
     before = snapshot(warm)
     again = doit(warm, "report:tiny")

@@ -57,7 +57,8 @@ class RecipeView:
 def upstream_view(dest: Path, objects: dict[str, tuple[Path, dict]]) -> dict[str, Path]:
     """For each upstream artifact (its store path, and the files of it the stage declares), a
     directory under `dest` holding links to those files only, so a stage cannot open a file of
-    its upstream that its key does not cover. Returns the directories by upstream stage."""
+    its upstream that its key does not cover (an optional upstream's too, where it is present).
+    Returns the directories by upstream stage."""
     views = {}
     for up, (obj, files) in objects.items():
         views[up] = dest / up

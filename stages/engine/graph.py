@@ -52,6 +52,10 @@ class Stage:
     # reach the world (a node's URL, where the signing key is), or what the first write of a
     # write-once record says (anchor's uri: anchor.json holds what the chain holds)
     settings: tuple[str, ...] = ()
+    # upstream stages read only where built for this build (built_for), with the files read of
+    # each: the key says which are absent, and nothing waits on them or builds them (the report
+    # shows the manifest's anchor where there is one; anchoring needs a chain, reporting does not)
+    optional: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def recipe_names() -> list[str]:
@@ -123,7 +127,7 @@ class Context:
     root: Path
     key: str
     inputs: dict  # what the key was computed from
-    upstream: dict[str, Path]
+    upstream: dict[str, Path]  # an optional upstream is here only where built for this build
     artifacts: dict[str, dict]  # per upstream stage: its key, digest and declared files' hashes
     work: Path
     log: logging.Logger
@@ -147,9 +151,10 @@ class Context:
         return st.path(stage, key), reused
 
 
-def upstream_artifacts(recipe_name: str, stage: Stage) -> dict[str, dict]:
+def upstream_artifacts(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> dict[str, dict]:
     """Each upstream artifact the recipe resolves to: key, digest, and the files the stage
-    declares it reads; raises UserError if one is not built."""
+    declares it reads. A required upstream not built raises UserError; an optional one is
+    there only where it is built for this build (built_for)."""
     st, found = store(), {}
     for up, patterns in stage.upstream.items():
         ptr = st.pointer(recipe_name, up)
@@ -157,22 +162,57 @@ def upstream_artifacts(recipe_name: str, stage: Stage) -> dict[str, dict]:
         if meta is None:
             raise UserError(f"{stage.name}:{recipe_name}: upstream {up} is not built; run doit {up}:{recipe_name}")
         found[up] = {"key": ptr["key"], "digest": meta["digest"], "files": select(meta["files"], patterns)}
+    for up, patterns in stage.optional.items():
+        built = built_for(recipe_name, table[up], table)
+        if built is not None:
+            found[up] = dict(built, files=select(built["files"], patterns))
     return found
 
 
-def key_inputs(recipe_name: str, stage: Stage, full: Recipe | None = None) -> dict:
+def upstream_digests(stage: Stage, artifacts: dict[str, dict]) -> dict:
+    """What a key holds of the upstream artifacts: the digest of the declared files of each, and
+    for each optional upstream that digest or None (absent), so that its appearing changes the key."""
+    found = {"upstream": {up: merkle(artifacts[up]["files"]) for up in stage.upstream}}
+    if stage.optional:
+        found["optional"] = {up: merkle(artifacts[up]["files"]) if up in artifacts else None for up in stage.optional}
+    return found
+
+
+def built_for(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> dict | None:
+    """The stage's artifact the recipe points at (key, digest, files) if it is intact and was
+    built from the upstream artifacts the recipe resolves to now, else None: an anchor of an
+    earlier manifest is not this build's. It reads the store only, never the stage's
+    extra_inputs (the anchor's ask a chain), so a downstream key needs no network."""
+    st = store()
+    ptr = st.pointer(recipe_name, stage.name)
+    meta = ptr and st.sidecar(stage.name, ptr["key"])
+    if meta is None or st.damage(stage.name, ptr["key"]):
+        return None
+    try:
+        now = upstream_digests(stage, upstream_artifacts(recipe_name, stage, table))
+    except UserError:
+        return None
+    if any(meta["inputs"].get(part) != digests for part, digests in now.items()):
+        return None
+    return {"key": ptr["key"], "digest": meta["digest"], "files": meta["files"]}
+
+
+def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Recipe | None = None,
+               artifacts: dict[str, dict] | None = None) -> dict:
     """Everything a stage's output depends on, which is all its build may read: the recipe
-    fields it declares, the digests of the upstream files it declares, its code, the versions
-    of its libraries, and what its module's extra_inputs adds (data files' content, device
-    facts). `full` is the recipe (by default recipes/<recipe_name>.yaml). Raises UserError if
-    an input is missing."""
+    fields it declares, the digests of the upstream files it declares (and which optional
+    upstreams are absent), its code, the versions of its libraries, and what its module's
+    extra_inputs adds (data files' content, device facts). `full` is the recipe (by default
+    recipes/<recipe_name>.yaml); `artifacts` the upstream artifacts (by default as
+    upstream_artifacts finds them: a build passes those it will read). Raises UserError if an
+    input is missing."""
     full = full or recipe(recipe_name)
     r, mod = recipe_view(full, stage.params, stage.name), module(stage)
     inputs = {
         "stage": stage.name,
         "code": code_files([stage.module, *(mod.code_modules(r) if hasattr(mod, "code_modules") else [])]),
         "params": {p: keys.recipe_slice(full, p) for p in stage.params},
-        "upstream": {up: merkle(a["files"]) for up, a in upstream_artifacts(recipe_name, stage).items()},
+        **upstream_digests(stage, artifacts if artifacts is not None else upstream_artifacts(recipe_name, stage, table)),
         "env": versions(stage.packages),
     }
     if hasattr(mod, "extra_inputs"):  # e.g. data files, device facts
@@ -183,12 +223,12 @@ def key_inputs(recipe_name: str, stage: Stage, full: Recipe | None = None) -> di
     return inputs
 
 
-def is_built(recipe_name: str, stage: Stage) -> bool:
+def is_built(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> bool:
     """doit uptodate: the key's object is in the store and intact (run-cache included), or a
     remote cache (MINDXTRAIN_REMOTE) has it and it has been installed."""
     st = store()
     try:
-        key = keys.key_of(key_inputs(recipe_name, stage))
+        key = keys.key_of(key_inputs(recipe_name, stage, table))
     except (UserError, UndeclaredInput):
         return False  # let the action run and report it
     if st.damage(stage.name, key) and not remote.fill(st, stage.name, key, f"{stage.name}:{recipe_name}"):
@@ -224,13 +264,14 @@ def storage_problem(e: Exception) -> str | None:
     return next((problem for problem in STORAGE_ADVICE if problem in text), None)
 
 
-def build(recipe_name: str, stage: Stage):
+def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
     """doit action: build one stage into a temp dir, then commit it to the store atomically.
     One build of a key at a time: a second doit building the same key waits, saying so, and
     then takes what the first one stored."""
     st = store()
     try:
-        inputs = key_inputs(recipe_name, stage)
+        artifacts = upstream_artifacts(recipe_name, stage, table)  # read once: the key covers what the build reads
+        inputs = key_inputs(recipe_name, stage, table, artifacts=artifacts)
         key = keys.key_of(inputs)
         waiting = lambda: print(f"{stage.name}:{recipe_name}: another build is making {key[:12]}; waiting for it",  # noqa: E731
                                 flush=True)
@@ -239,7 +280,7 @@ def build(recipe_name: str, stage: Stage):
                 st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
                 print(f"{stage.name}:{recipe_name}: built by the other build", flush=True)
                 return None
-            build_key(recipe_name, stage, inputs, key)
+            build_key(recipe_name, stage, inputs, key, artifacts)
     except (UserError, UndeclaredInput) as e:
         return TaskFailed(str(e))
     except Exception as e:
@@ -251,15 +292,15 @@ def build(recipe_name: str, stage: Stage):
                           f"and nothing is lost: {STORAGE_ADVICE[problem]}, then run again")
 
 
-def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str) -> None:
-    """Build the stage's artifact for this key (its lock held) and commit it."""
+def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict]) -> None:
+    """Build the stage's artifact for this key (its lock held) from the upstream artifacts its
+    key was computed from, and commit it."""
     st = store()
     tmp = st.temp_dir(stage.name, key)
     log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
     try:
         log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
         log.info("building %s:%s key=%s", stage.name, recipe_name, key)
-        artifacts = upstream_artifacts(recipe_name, stage)
         upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
         ctx = Context(recipe_name, recipe_view(recipe(recipe_name), stage.params + stage.settings, stage.name), ROOT, key,
                       inputs, upstream, artifacts, st.work_dir(stage.name, key), log)
@@ -280,15 +321,17 @@ def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str) -> None:
             log_tmp.unlink()
 
 
-def stage_tasks(stage: Stage):
-    """doit task generator: one subtask per recipe, e.g. checkpoint:tiny."""
+def stage_tasks(stage: Stage, table: dict[str, Stage]):
+    """doit task generator: one subtask per recipe, e.g. checkpoint:tiny. An optional upstream
+    is no task_dep (doit has no order-only dependency): `doit anchor:tiny report:tiny` runs
+    them in the order named."""
     yield {"basename": stage.name, "name": None, "doc": stage.doc}
     for name in recipe_names():
         yield {
             "basename": stage.name,
             "name": name,
-            "actions": [(build, [name, stage])],
-            "uptodate": [(is_built, [name, stage])],
+            "actions": [(build, [name, stage, table])],
+            "uptodate": [(is_built, [name, stage, table])],
             "task_dep": [f"{up}:{name}" for up in stage.upstream] + [f"{a}:{name}" for a in stage.after],
             "verbosity": 2,
         }
@@ -298,16 +341,16 @@ class StageTasks:
     """A doit task creator for one row of the stage table (doit takes any object with a
     create_doit_tasks method), so dodo.py makes every row a task without a function per stage."""
 
-    def __init__(self, stage: Stage):
-        self.stage = stage
+    def __init__(self, stage: Stage, table: dict[str, Stage]):
+        self.stage, self.table = stage, table
 
     def create_doit_tasks(self):
-        return stage_tasks(self.stage)
+        return stage_tasks(self.stage, self.table)
 
 
 def task_creators(table: dict[str, Stage]) -> dict[str, StageTasks]:
     """dodo.py's namespace entries for the stage table: one task creator per stage."""
-    return {f"stage_{name}": StageTasks(stage) for name, stage in table.items()}
+    return {f"stage_{name}": StageTasks(stage, table) for name, stage in table.items()}
 
 
 class Reporter(ConsoleReporter):

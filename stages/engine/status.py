@@ -1,6 +1,7 @@
 """status: for each recipe, each stage up to date or stale, and for a stale one why, in DVC's
 manner: what changed among the inputs its key is made of (a recipe field, a data file, its
-code, a library version, an upstream artifact), against what the recipe last built, or that a remote cache (MINDXTRAIN_REMOTE) has it. A stage
+code, a library version, an upstream artifact, an optional upstream built or gone), against what
+the recipe last built, or that a remote cache (MINDXTRAIN_REMOTE) has it. A stage
 downstream of a stale one waits on it: it rebuilds only if the upstream's bytes change (early
 cutoff), so status does not claim it will. It reads the store; it builds nothing.
 """
@@ -37,6 +38,11 @@ def why(old: dict, new: dict) -> list[str]:
     for up in sorted(set(old.get("upstream", {})) | set(new.get("upstream", {}))):
         if old.get("upstream", {}).get(up) != new.get("upstream", {}).get(up):
             found.append(f"upstream {up} changed")
+    for up in sorted(set(old.get("optional", {})) | set(new.get("optional", {}))):
+        was, now = old.get("optional", {}).get(up), new.get("optional", {}).get(up)
+        if was != now:  # an optional upstream: read where built for this build (graph.built_for)
+            found.append(f"{up} now built" if was is None else
+                         f"{up} no longer built for this build" if now is None else f"{up} changed")
     return found or ["its inputs changed"]
 
 
@@ -52,7 +58,7 @@ def lines(recipe_name: str, table: dict) -> list[str]:
     for name, stage in table.items():
         waits = [up for up in stage.upstream if up in stale]
         try:
-            inputs = graph.key_inputs(recipe_name, stage)
+            inputs = graph.key_inputs(recipe_name, stage, table)
         except UserError as e:
             stale.append(name)
             out.append(f"  {name:<10} " + (f"waits on {', '.join(waits)}" if waits else f"cannot build yet: {e}"))

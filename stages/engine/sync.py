@@ -19,7 +19,7 @@ def current_keys(recipe_name: str, table: dict) -> list[tuple[str, str]]:
     """Each stage's key for the recipe as it is now, all built; UserError naming the first not built."""
     st, found = graph.store(), []
     for name, stage in table.items():
-        key = keys.key_of(graph.key_inputs(recipe_name, stage))
+        key = keys.key_of(graph.key_inputs(recipe_name, stage, table))
         if st.damage(name, key):
             raise UserError(f"push:{recipe_name}: {name} is not built as the recipe is now; "
                             f"run doit manifest:{recipe_name}, then push")
@@ -77,7 +77,7 @@ def pull(recipe_name: str, table: dict, remote_url: str = ""):
     try:
         rem = remote.configured(remote_url)
         for name, stage in table.items():
-            key = keys.key_of(graph.key_inputs(recipe_name, stage))
+            key = keys.key_of(graph.key_inputs(recipe_name, stage, table))
             if not install(rem, recipe_name, name, key):
                 return TaskFailed(f"pull:{recipe_name}: {name} ({key[:12]}) is not in the remote {rem.url}; "
                                   f"build it with doit manifest:{recipe_name} (and push it)")

@@ -18,6 +18,9 @@ code { font-size: 90%; }
 <h1>{{ recipe }}</h1>
 <p>manifest digest <code id="manifest-digest">{{ manifest_digest }}</code> &middot;
 verify with <code>doit verify:{{ recipe }}</code></p>
+{% if anchor %}<p id="anchor">anchored on chain {{ anchor.chain_id }} in registry <code>{{ anchor.registry }}</code>
+by transaction <code>{{ anchor.tx_hash }}</code>, block {{ anchor.block_number }} ({{ anchor.time }})</p>
+{% else %}<p id="anchor">not anchored</p>{% endif %}
 
 <h2>Evaluation</h2>
 <p>{{ heldout_rows }} held-out rows.</p>
