@@ -372,19 +372,15 @@ class Reporter(ConsoleReporter):
         self.rows.append((task.name, "built", time.time() - self.started.get(task.name, time.time())))
 
     def add_failure(self, task, fail):
-        super().add_failure(task, fail)
+        if isinstance(fail, TaskFailed) and fail.report and not fail.traceback:  # bad input: one line, no traceback
+            self.write(f"error: {fail.message}\n")
+        else:
+            super().add_failure(task, fail)
         self.rows.append((task.name, "FAILED", time.time() - self.started.get(task.name, time.time())))
 
     def skip_uptodate(self, task):
         super().skip_uptodate(task)
         self.rows.append((task.name, "cached", None))
-
-    def _write_failure(self, result, write_exception=True):
-        fail = result["exception"]
-        if isinstance(fail, TaskFailed) and not fail.traceback:
-            self.write(f"error: {fail.message}\n" if write_exception else "")
-        else:
-            super()._write_failure(result, write_exception)
 
     def complete_run(self):
         super().complete_run()
