@@ -150,7 +150,7 @@ def count_tokens(trainer, clock: Clock) -> None:
     compute_loss = trainer.compute_loss
 
     def counted(model, inputs, *args, **kwargs):
-        masks = [inputs[k] for k in ("attention_mask",) if k in inputs] or [inputs["prompt_mask"], inputs["completion_mask"]]
+        masks = [inputs["attention_mask"]] if "attention_mask" in inputs else [inputs["prompt_mask"], inputs["completion_mask"]]
         clock.tokens[-1] += int(sum(m.sum() for m in masks))
         return compute_loss(model, inputs, *args, **kwargs)
     trainer.compute_loss = counted

@@ -193,9 +193,11 @@ def test_the_probe_measures_the_rows_each_method_runs():
     """A preference pair is two sequences in one forward (TRL's collator stacks chosen and
     rejected), so the probe measures micro-batch x 2 rows for it; a GRPO row is its prompt and a
     sampled completion, so it measures prompts of data.max_length plus the completion's tokens."""
+    from stages.data.rows import KIND_OF_METHOD
     from stages.engine.recipe import TrainSection
-    from stages.train.settings import step_shape
+    from stages.train.settings import PAIRED_METHODS, step_shape
 
+    assert set(PAIRED_METHODS) == {m for m, kind in KIND_OF_METHOD.items() if kind == "preference"}
     for method in ("dpo", "orpo", "reward"):
         assert step_shape(TrainSection(method=method), 1024) == (2, 1024)
     assert step_shape(TrainSection(method="grpo", max_completion_length=256), 512) == (1, 768)

@@ -281,9 +281,10 @@ def slot_template(chat_template: str):
 def chat_environment():
     """A sandboxed jinja environment set up as transformers renders chat templates (trim_blocks,
     lstrip_blocks, loop controls, tojson, raise_exception, dict), with {% generation %} blocks
-    inlined (they only mark positions): built here, as transformers' own compiler is not public API. A difference would only show as a skeleton whose rendering
-    is not the template's own (render_with_slots's text is compared with apply_chat_template's),
-    whose rows are then rendered by the template."""
+    inlined (they only mark positions): built here, as transformers' own compiler is not public
+    API. A difference would only show as a skeleton whose rendering is not the template's own
+    (render_with_slots's text is compared with apply_chat_template's), whose rows are then
+    rendered by the template."""
     import json
 
     import jinja2.ext

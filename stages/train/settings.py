@@ -23,7 +23,10 @@ def nodes() -> int:
     return int(value)
 
 
-PAIRED_METHODS = ("dpo", "orpo", "reward")  # chosen and rejected run through the model as one batch
+# chosen and rejected run through the model as one batch: the methods whose data kind is "preference"
+# in stages/data/rows.KIND_OF_METHOD (not imported: the plan's code key would then cover the data
+# readers, and editing one would re-plan; tests/test_autotune.py holds the two together)
+PAIRED_METHODS = ("dpo", "orpo", "reward")
 
 
 def step_shape(t, max_length: int) -> tuple[int, int]:
