@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -48,7 +50,7 @@ from autotune_probe import SHAPES  # noqa: E402
 GLOBAL_BATCH = 8
 DPO_MAX_LENGTH, GRPO_PROMPT_LENGTH, GRPO_COMPLETION = 1024, 512, 256
 NUM_GENERATIONS = 8
-PROBE_BUDGET = 150  # seconds: the 8B recipes' autotune.budget_seconds
+PROBE_BUDGET = yaml.safe_load((REPO / "recipes" / "qwen3_8b.yaml").read_text())["autotune"]["budget_seconds"]
 CONFIGS = ("dpo_ours", "dpo_trl", "grpo_ours", "grpo_trl")
 
 

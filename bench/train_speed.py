@@ -10,7 +10,7 @@ motif repeated (tokens 10 and up: never the pad id, so real tokens = non-pad tok
   trl_packed    BFD packing + padding-free + Liger, 4 x 2048 per step
   trl_flex      BFD packing + flex_attention + Liger, 4 x 2048 per step
   ours          our BFD packing (stages/shards.pack), the plan probe's decisions
-                (stages/autotune.probe, run here with PROBE_BUDGET), 4 x 2048 per step
+                (stages/train/autotune.probe, with qwen3_8b's budget), 4 x 2048 per step
   ours_safe     our packing with the safe settings (efficient SDPA, full checkpointing,
                 no compile): the same batches as ours, for the loss check
 
@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -40,7 +42,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops  # noqa: E402
 
 STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
-PROBE_BUDGET = 150  # seconds: an 8B recipe's autotune.budget_seconds (the default 60 is for small models)
+PROBE_BUDGET = yaml.safe_load((REPO / "recipes" / "qwen3_8b.yaml").read_text())["autotune"]["budget_seconds"]
 MAX_LENGTH, BATCH = 2048, 4
 
 

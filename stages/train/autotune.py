@@ -9,14 +9,15 @@ with, for each mode, micro-batches (divisors of the global batch) grown while th
 under the memory margin; then regional torch.compile (each decoder layer, and the loss) of
 every attention implementation that ran, fastest first (compiled, their order can
 change: flex attention gains most), and, compiled, the (checkpointing, micro-batch) frontier
-searched again (compiled layers hold fewer activations, so a mode's micro-batch that did not
-fit may fit now); then a fused linear cross-entropy where its library is present. Whatever is not reached inside the budget keeps the best found so far. The
+searched again, each mode at the largest micro-batch that fits (compiled layers hold fewer
+activations, so a micro-batch that did not fit may fit now); then a fused linear cross-entropy where its library is present. Whatever is not reached inside the budget keeps the best found so far. The
 weights are random: speed does not depend on them, and the plan must not depend on the
 data (editing a row does not re-plan). Steps run under bf16 autocast, as the Trainer's do.
 """
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, nf4_config, rocm_env, sdpa_backend,
                                    step_shape, training_mode)
 
+TIMED_STEPS = 3  # after one warm-up step; the median, so one step held up by the host does not decide
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
 DOCUMENT_MEDIAN = 450  # tokens: packed sequences are cut into documents of lognormal length
 # (at most an eighth of the sequence, so a sequence always holds several, as packed shards do:
@@ -89,6 +91,21 @@ def search(measure, attention: list[dict], global_batch: int, deadline: float, t
                 best, best_speed = setting, result["tokens_per_s"]
         return fit, fastest
 
+    def largest_fitting(base: dict, sizes: list[int]) -> None:
+        """The largest micro-batch of `base` that fits, tried largest first; it becomes best if
+        faster. Smaller ones are not tried: speed grows with the micro-batch as long as it fits
+        (fewer, larger kernels for the same tokens; so in every mode of every H100 probe here)."""
+        nonlocal best, best_speed
+        for mb in sorted(sizes, reverse=True):
+            setting = {**base, "micro_batch_size": mb}
+            if setting == best:
+                return
+            result = run(setting)
+            if result is not None and result["peak_bytes"] <= limit:
+                if result["tokens_per_s"] > best_speed:
+                    best, best_speed = setting, result["tokens_per_s"]
+                return
+
     frontier = {mode: grow({**best, "gradient_checkpointing": mode}, micro_batches(global_batch))
                 for mode in ("off", "selective", "full")}
     uncompiled = best_speed
@@ -99,14 +116,16 @@ def search(measure, attention: list[dict], global_batch: int, deadline: float, t
             best, best_speed = setting, result["tokens_per_s"]
     if best["compile"]:
         # Compiled layers hold fewer activations, so the (checkpointing, micro-batch) frontier moves:
-        # search it again compiled, least recomputation first, each mode from the largest micro-batch
-        # that fit it uncompiled upward (a near tie uncompiled, decided by noise, must not decide
-        # which modes are ever compiled). A mode whose best uncompiled speed, times the gain compiling
-        # gave, could not come within 5% of the best is skipped: each compiled micro-batch costs a compile.
+        # search it again compiled, least recomputation first (a near tie uncompiled, decided by noise,
+        # must not decide which modes are ever compiled). Each compiled micro-batch costs a compile
+        # (half a minute for an 8B model), so each mode tries only its largest micro-batch that fits,
+        # largest first down to the one that fit uncompiled; and a mode whose best uncompiled speed,
+        # times the gain compiling gave, could not come within 5% of the best is skipped.
         gain = best_speed / uncompiled
         for mode, (fit, fastest) in frontier.items():
             if fastest * gain >= 0.95 * best_speed:
-                grow({**best, "gradient_checkpointing": mode}, [m for m in micro_batches(global_batch) if m >= max(fit, 1)])
+                largest_fitting({**best, "gradient_checkpointing": mode},
+                                [m for m in micro_batches(global_batch) if m >= max(fit, 1)])
     if fused_cross_entropy_available():
         result = run({**best, "fused_cross_entropy": True})
         if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > best_speed * 1.03:
@@ -176,10 +195,12 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
     built = {"key": None, "model": None}  # one model per attention/compile/fused-loss choice
 
     def model_for(setting):
-        key = tuple(setting[k] for k in ("attn_implementation", "sdpa_backend", "rocm_fa_library",
-                                          "compile", "fused_cross_entropy"))
-        if setting["compile"]:  # a fresh compile per micro-batch: static shapes, as training compiles them
-            key += (setting["micro_batch_size"],)
+        # uncompiled, SDPA's backends share one model (the backend is chosen around each step: an 8B
+        # build costs seconds); compiled, the traced graph holds the backend and the micro-batch
+        # (static shapes, as training compiles them), so each gets a fresh compile
+        key = tuple(setting[k] for k in ("attn_implementation", "rocm_fa_library", "compile", "fused_cross_entropy"))
+        if setting["compile"]:
+            key += (setting["sdpa_backend"], setting["micro_batch_size"])
         if built["key"] != key:
             built.update(key=None, model=None)
             torch.cuda.empty_cache()
@@ -190,6 +211,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
 
     def measure(setting) -> dict:
         model = optimizer = None
+        began = time.monotonic()
         try:
             model = model_for(setting)
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
@@ -197,7 +219,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
             # as training runs: the plan's SDPA backend, LoRA inputs left in bf16 under autocast
             with sdpa_backend(setting["sdpa_backend"]), disable_input_dtype_casting(model):
                 times = []
-                for _ in range(3):  # the first step warms up (and compiles); the next two are timed
+                for _ in range(1 + TIMED_STEPS):  # the first step warms up (and compiles)
                     torch.cuda.synchronize()
                     start = time.perf_counter()
                     with torch.autocast("cuda", dtype=torch.bfloat16):  # as the Trainer runs bf16
@@ -207,7 +229,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     torch.cuda.synchronize()
                     times.append(time.perf_counter() - start)
-            seconds = sum(times[1:]) / 2
+            seconds = statistics.median(times[1:])
             result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
                       "peak_bytes": torch.cuda.max_memory_allocated(), "step_seconds": round(seconds, 4)}
         except Exception as e:  # OOM, a backend that cannot run these shapes: recorded, the search goes on
@@ -217,6 +239,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         del optimizer
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        result["seconds"] = round(time.monotonic() - began, 1)  # what it cost: building, compiling, steps
         log.info("probe %s -> %s", setting, result)
         return result
 
