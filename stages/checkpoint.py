@@ -6,7 +6,8 @@ checkpoints go to a work dir that survives a kill, so a rerun resumes from the l
 step. The artifact holds only deterministic content: the weights (model/) or the standard
 PEFT adapter (adapter/), and metrics.jsonl with the loss per step. When the plan has more
 than one process (hardware.gpus > 1), the same run is launched in each of them by torchrun
-(stages/train/distributed.py) and the first writes the same artifact.
+(stages/train/distributed.py) and the first writes the same artifact; one process on a machine
+with more GPUs runs as a child that sees one of them (distributed.one_of_several_gpus says why).
 """
 from __future__ import annotations
 
@@ -28,13 +29,15 @@ def code_modules(recipe) -> list[str]:
 
 
 def build(ctx, out: Path) -> None:
+    import torch
+
     t = ctx.recipe.train
     if t.method not in METHODS:
         raise UserError(f"train.method: {t.method} training is not built yet (its shards are: "
                         f"doit shards:{ctx.recipe_name}); use method: {' or '.join(METHODS)}")
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
     resume = trainer.last_complete_checkpoint(ctx.work)
-    if plan["processes"] == 1:
+    if plan["processes"] == 1 and not distributed.one_of_several_gpus(plan, torch.cuda.device_count()):
         trainer.fit(importlib.import_module(METHODS[t.method]), ctx.upstream["base"], ctx.upstream["shards"], plan, t,
                     ctx.work, out, resume, ctx.log, ctx.run)
         return

@@ -136,3 +136,44 @@ def test_two_nodes_on_one_host_train_as_two_processes_do(trained, tmp_path):
     assert nodes[1].returncode != 0 and "the artifact is written on node 0" in out[1], out[1][-3000:]
     digest = lambda p, name: json.loads((p / "artifacts" / name / "checkpoint.json").read_text())["digest"]  # noqa: E731
     assert digest(tmp_path / "node0", "tiny_node") == digest(built, "tiny_gpus2")
+
+
+def test_one_process_on_a_node_of_several_gpus_runs_as_a_child_that_sees_one():
+    """hardware.gpus: 1 on a bigger node: run in doit's process, the Trainer would wrap the model in
+    nn.DataParallel over every visible GPU (TRL's trainers stop with an error, found on the lent
+    two-GPU H100 machine), so the checkpoint stage launches one child process instead."""
+    from stages.train.distributed import one_of_several_gpus
+
+    one, two = {"processes": 1, "device": "cuda"}, {"processes": 2, "device": "cuda"}
+    assert one_of_several_gpus(one, 2) and one_of_several_gpus(one, 8)
+    assert not one_of_several_gpus(one, 1) and not one_of_several_gpus(one, 0)
+    assert not one_of_several_gpus(two, 8)  # torchrun gives each process its own GPU
+    assert not one_of_several_gpus({"processes": 1, "device": "cpu"}, 0)
+
+
+def test_a_single_child_process_writes_what_training_in_process_writes(trained, tmp_path):
+    """launch() with one process (no torchrun: no RANK or LOCAL_RANK) trains as the stage does in
+    its own process: same losses, the same files, the same weights byte for byte."""
+    import logging
+
+    from stages.engine.recipe import load
+    from stages.train import distributed
+
+    project, _ = trained
+    name = "tiny_gpus1"
+    plan = json.loads((artifact(project, "plan", name) / "plan.json").read_text())["decisions"]
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    spec = {"method": "stages.train.sft", "plan": plan, "resume": None,
+            "train": load(project / "recipes" / f"{name}.yaml").train.model_dump(mode="json"),
+            "base": str(artifact(project, "base", name)), "shards": str(artifact(project, "shards", name)),
+            "work": str(work), "out": str(out)}
+    run = {}
+    distributed.launch(spec, 1, work, logging.getLogger("test"), run)
+    assert run  # the child's run-time figures came back
+    child = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert child == losses(project, name)
+    in_process = artifact(project, "checkpoint", name)
+    files = sorted(str(p.relative_to(in_process)) for p in in_process.rglob("*") if p.is_file())
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == files
+    assert all((out / f).read_bytes() == (in_process / f).read_bytes() for f in files if f.endswith(".safetensors"))

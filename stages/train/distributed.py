@@ -31,22 +31,37 @@ def rendezvous() -> list[str]:
             "--master-addr", os.environ["MASTER_ADDR"], "--master-port", os.environ["MASTER_PORT"]]
 
 
+def one_of_several_gpus(plan: dict, visible_gpus: int) -> bool:
+    """One process planned on CUDA where more GPUs are visible (hardware.gpus: 1 on a bigger node).
+    Run in this process, the Trainer would spread each batch over all of them with nn.DataParallel
+    (TRL's trainers refuse it, and the plan measured one GPU), so launch() runs it as a child
+    process that sees one GPU."""
+    return plan["processes"] == 1 and plan["device"] == "cuda" and visible_gpus > 1
+
+
 def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
-    """Run fit() in this node's share of the processes; their output goes to the console and the
+    """Run fit() in this node's share of the processes (one process: a child that sees the
+    first visible GPU only, where the probe measured); their output goes to the console and the
     stage log. Rank 0's run-time figures come back in `run`."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "spec.json").write_text(json.dumps(spec))
     (work / "run.json").unlink(missing_ok=True)
-    command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(),
-               "--nproc-per-node", str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
-    log.info("training in %d processes: %s", processes, " ".join(command))
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    env = dict(os.environ)
+    if processes == 1:
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        command = [sys.executable, "-m", "stages.train.distributed", str(work / "spec.json")]
+        log.info("training in one process on GPU %s: %s", env["CUDA_VISIBLE_DEVICES"], " ".join(command))
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(), "--nproc-per-node",
+                   str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
+        log.info("training in %d processes: %s", processes, " ".join(command))
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[2]) as proc:  # where `stages` imports from
         for line in proc.stdout:
             sys.stderr.write(line)
             log.debug("%s", line.rstrip())
     if proc.returncode:
-        raise RuntimeError(f"checkpoint: training in {processes} processes failed (torchrun exit {proc.returncode}); "
+        raise RuntimeError(f"checkpoint: training in {processes} process(es) failed (exit {proc.returncode}); "
                            f"the processes' output is above and in the stage log")
     if not (work / "run.json").exists():
         raise UserError(f"checkpoint: node {os.environ.get('NODE_RANK')} of {nodes()} trained its processes; "
@@ -55,7 +70,8 @@ def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
 
 
 def main(spec_path: str) -> None:
-    """One torchrun process: fit() with the spec the stage wrote; rank 0 records the run figures."""
+    """One process (of torchrun's, or launch()'s only one): fit() with the spec the stage wrote;
+    rank 0 records the run figures."""
     import importlib
 
     import torch
@@ -64,8 +80,8 @@ def main(spec_path: str) -> None:
     from stages.train import trainer
 
     spec = json.loads(Path(spec_path).read_text())
-    rank = int(os.environ["RANK"])
-    if torch.cuda.is_available() and spec["plan"]["device"] == "cuda":
+    rank = int(os.environ.get("RANK", 0))  # absent: launch()'s single process, without torchrun
+    if torch.cuda.is_available() and spec["plan"]["device"] == "cuda" and "LOCAL_RANK" in os.environ:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # before anything (QLoRA's device map) asks for it
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"rank {rank}: %(message)s")
     run: dict = {}
