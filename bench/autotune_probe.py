@@ -13,12 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+def one_gpu() -> None:
+    """The benches measure one GPU: where more are visible, the Trainer would spread each batch
+    over all of them with nn.DataParallel (TRL refuses it). Before CUDA starts; children inherit it."""
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+
 
 SHAPES = {  # Qwen3 sizes, as their config.json give them
     "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,

@@ -45,7 +45,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import SHAPES  # noqa: E402
+from autotune_probe import SHAPES, one_gpu  # noqa: E402
+
+one_gpu()
 
 GLOBAL_BATCH = 8
 DPO_MAX_LENGTH, GRPO_PROMPT_LENGTH, GRPO_COMPLETION = 1024, 512, 256

@@ -46,8 +46,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import matmul_peak_tflops  # noqa: E402
+from autotune_probe import matmul_peak_tflops, one_gpu  # noqa: E402
 from train_speed import new_model  # noqa: E402
+
+one_gpu()
 
 BEST = {"attn_implementation": "flex_attention", "sdpa_backend": None, "rocm_fa_library": None,
         "gradient_checkpointing": "off", "micro_batch_size": 2, "compile": True, "fused_cross_entropy": False}

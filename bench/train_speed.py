@@ -39,7 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops  # noqa: E402
+from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops, one_gpu  # noqa: E402
+
+one_gpu()
 
 STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
 PROBE_BUDGET = yaml.safe_load((REPO / "recipes" / "qwen3_8b.yaml").read_text())["autotune"]["budget_seconds"]
