@@ -4,6 +4,7 @@ GPU steps that tests/test_gpu.py runs for real), and the settings applied to a r
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -256,7 +257,7 @@ def test_the_8b_budget_reaches_every_stage_of_a_cold_h100_probe(recipe, monkeypa
     monkeypatch.setattr(autotune, "fused_cross_entropy_available", lambda: True)
     for seconds, expected in ((budget, ("flex_attention", "off", 4)), (120, ("flex_attention", "selective", 4))):
         clock = [0.0]
-        monkeypatch.setattr(autotune.time, "monotonic", lambda: clock[0])
+        monkeypatch.setattr(autotune, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # this module's clock only
         found = autotune.search(replay(H100_8B, clock), autotune.attention_candidates(CUDA), global_batch=4,
                                 deadline=seconds, total_memory=80 * GiB)
         d = found["decisions"]
