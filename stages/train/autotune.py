@@ -10,8 +10,9 @@ under the memory margin; then regional torch.compile (each decoder layer, and th
 every attention implementation that ran, fastest first (compiled, their order can
 change: flex attention gains most), and, compiled, the (checkpointing, micro-batch) frontier
 searched again, each mode at the largest micro-batch that fits (compiled layers hold fewer
-activations, so a micro-batch that did not fit may fit now); then a fused linear cross-entropy where its library is present. Whatever is not reached inside the budget keeps the best found so far. The
-weights are random: speed does not depend on them, and the plan must not depend on the
+activations, so a micro-batch that did not fit may fit now); then a fused linear cross-entropy
+where its library is present. Whatever is not reached inside the budget keeps the best found so
+far. The weights are random: speed does not depend on them, and the plan must not depend on the
 data (editing a row does not re-plan). Steps run under bf16 autocast, as the Trainer's do.
 """
 from __future__ import annotations
