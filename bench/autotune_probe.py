@@ -28,6 +28,13 @@ def one_gpu() -> None:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
 
 
+def recipe_probe_budget() -> float:
+    """qwen3_8b's autotune.budget_seconds: the training benches probe as the 8B recipe does."""
+    from stages.engine.recipe import load
+
+    return load(REPO / "recipes" / "qwen3_8b.yaml").autotune.budget_seconds
+
+
 SHAPES = {  # Qwen3 sizes, as their config.json give them
     "qwen3-8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, intermediate_size=12288, vocab_size=151936),

@@ -39,20 +39,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import SHAPES, one_gpu  # noqa: E402
+from autotune_probe import SHAPES, one_gpu, recipe_probe_budget  # noqa: E402
 
 one_gpu()
 
 GLOBAL_BATCH = 8
 DPO_MAX_LENGTH, GRPO_PROMPT_LENGTH, GRPO_COMPLETION = 1024, 512, 256
 NUM_GENERATIONS = 8
-PROBE_BUDGET = yaml.safe_load((REPO / "recipes" / "qwen3_8b.yaml").read_text())["autotune"]["budget_seconds"]
+PROBE_BUDGET = recipe_probe_budget()
 CONFIGS = ("dpo_ours", "dpo_trl", "grpo_ours", "grpo_trl")
 
 

@@ -33,18 +33,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops, one_gpu  # noqa: E402
+from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops, one_gpu, recipe_probe_budget  # noqa: E402
 
 one_gpu()
 
 STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
-PROBE_BUDGET = yaml.safe_load((REPO / "recipes" / "qwen3_8b.yaml").read_text())["autotune"]["budget_seconds"]
+PROBE_BUDGET = recipe_probe_budget()
 MAX_LENGTH, BATCH = 2048, 4
 
 

@@ -207,11 +207,12 @@ def test_the_probe_measures_the_rows_each_method_runs():
 
 # A cold probe of train_speed's workload (Qwen3-8B shape, LoRA r16, 4 x 2048) on the lent H100,
 # 2026-11-25 (bench/results/train_speed_h100_2026-11-25_x2_r1.json and _r2): tokens/s, peak GiB
-# and seconds per measurement (building the model, compiling, steps; from the log's times).
+# and seconds per measurement (building the model, compiling, steps; from the log's times, except
+# where marked).
 # Uncompiled, 'selective' at 4 won a near tie over 'off' at 2 (off at 4 does not fit).
 H100_8B = {  # (attention, checkpointing, micro-batch, compiled, fused loss): (tokens/s, GiB, seconds)
     ("flash_attention", "full", 1, False, False): (None, 0, 15),  # the first: builds the model
-    ("cudnn_attention", "full", 1, False, False): (None, 0, 2),
+    ("cudnn_attention", "full", 1, False, False): (None, 0, 2),  # 13 s then (a model per backend), 0.1 s since
     ("efficient_attention", "full", 1, False, False): (3202, 19.9, 3),
     ("flex_attention", "full", 1, False, False): (2587, 19.9, 31),  # another model, flex's kernel compiled
     ("efficient_attention", "off", 1, False, False): (4490, 33.5, 6),
