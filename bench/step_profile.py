@@ -11,6 +11,13 @@ LoRA input to the fp32 adapters' dtype or not):
   fused_ce            + Liger's fused linear cross-entropy
   mb4_sel, mb4_off_ce, mb4_sel_amp_nocast: micro-batch 4 with selective checkpointing or
                       with the fused loss
+  mb4_amp_nocast      micro-batch 4, no checkpointing, as the trainer runs it (issue 17's "ours")
+  mb4_amp_nocast_fp8, _fp8_rowwise, _fp8_forward: the same with the frozen base projections
+                      of every decoder layer in FP8 through torchao's float8 training linear
+                      (tensorwise or rowwise scales, or FP8 in the forward only; LoRA's adapters
+                      and the LM head stay bf16); each records its loss per step on the same
+                      batch, for the loss check (needs torchao, not a dependency of the
+                      project: pip install torchao; 0.17 was measured)
 And through the checkpoint stage's trainer (stages/checkpoint.make_trainer, 4 sequences per
 step, steps timed by a callback):
   trainer             our trainer: the model's own loss
@@ -53,7 +60,8 @@ one_gpu()
 
 BEST = {"attn_implementation": "flex_attention", "sdpa_backend": None, "rocm_fa_library": None,
         "gradient_checkpointing": "off", "micro_batch_size": 2, "compile": True, "fused_cross_entropy": False}
-VARIANTS = {  # (decisions, bf16 autocast as the Trainer does, PEFT's cast of inputs to fp32 adapters)
+MB4 = {**BEST, "micro_batch_size": 4}
+VARIANTS = {  # (decisions, bf16 autocast as the Trainer does, PEFT's cast of inputs to fp32 adapters[, FP8 recipe])
     "best": (BEST, False, True),
     "best_amp": (BEST, True, True),
     "best_amp_nocast": (BEST, True, False),
@@ -61,7 +69,27 @@ VARIANTS = {  # (decisions, bf16 autocast as the Trainer does, PEFT's cast of in
     "mb4_sel": ({**BEST, "micro_batch_size": 4, "gradient_checkpointing": "selective"}, False, True),
     "mb4_off_ce": ({**BEST, "micro_batch_size": 4, "fused_cross_entropy": True}, False, True),
     "mb4_sel_amp_nocast": ({**BEST, "micro_batch_size": 4, "gradient_checkpointing": "selective"}, True, False),
+    "mb4_amp_nocast": (MB4, True, False),
+    "mb4_amp_nocast_fp8": (MB4, True, False, "tensorwise"),
+    "mb4_amp_nocast_fp8_rowwise": (MB4, True, False, "rowwise"),
+    "mb4_amp_nocast_fp8_forward": (MB4, True, False, "forward"),
 }
+
+
+def fp8_base_projections(model, recipe: str) -> None:
+    """The frozen base projections of the decoder layers (PEFT's `base_layer`) as torchao's
+    float8 training linear: forward and input-gradient matmuls in FP8 with dynamic scales;
+    compiled, the frozen weights' gradients are pruned. LoRA's A/B and the LM head stay bf16."""
+    from torchao.float8 import CastConfig, Float8LinearConfig, ScalingType, convert_to_float8_training
+
+    if recipe == "forward":  # FP8 in the forward matmul only; the input gradients in bf16
+        bf16 = CastConfig(scaling_type=ScalingType.DISABLED)
+        config = Float8LinearConfig(cast_config_grad_output=bf16, cast_config_weight_for_grad_input=bf16,
+                                    cast_config_input_for_grad_weight=bf16)
+    else:
+        config = Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(model, config=config,
+                               module_filter_fn=lambda module, fqn: fqn.endswith(".base_layer") and ".layers." in fqn)
 
 
 def busy_and_top(prof, wall: float) -> dict:
@@ -80,7 +108,7 @@ def busy_and_top(prof, wall: float) -> dict:
             "top_host": [(e.key[:90], round(e.cpu_time_total / 1e3, 2), e.count) for e in host]}
 
 
-def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) -> dict:
+def run(name: str, setting: dict, amp: bool, input_cast: bool, fp8: str | None = None, profile: bool = False) -> dict:
     import torch
     from peft import get_peft_model
     from peft.helpers import disable_input_dtype_casting
@@ -93,14 +121,18 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
     model = new_model("sdpa")
     model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
     model.train()
+    if fp8:
+        fp8_base_projections(model, fp8)
     settings.apply_settings(model, setting)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
     batch = autotune.packed_batch(setting["micro_batch_size"], 2048, model.config.vocab_size)
     torch.cuda.reset_peak_memory_stats()
+    losses = []
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             loss = model(**batch).loss
+        losses.append(loss.detach())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -118,7 +150,8 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, profile: bool) ->
             seconds = (time.perf_counter() - start) / 5
             result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
                       "step_seconds": round(seconds, 4),
-                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
+                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+                      "losses": [round(x, 4) for x in torch.stack(losses).tolist()]}
             from torch.profiler import ProfilerActivity, profile as torch_profile
 
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
