@@ -19,7 +19,7 @@ LoRA input to the fp32 adapters' dtype or not):
                       batch, for the loss check (needs torchao, not a dependency of the
                       project: pip install torchao; 0.17 was measured)
 And through the checkpoint stage's trainer (stages/train/sft.make_trainer, 4 sequences per
-step, steps timed by a callback):
+step; a callback times the 8 steps after 3 warm-up steps as one window, then profiles one):
   trainer             our trainer: the model's own loss
   trainer_trl_loss    the same with TRL's compute_loss (its chunked LM head and metrics)
   trainer_nogc        our trainer with Python's garbage collector off while it trains
@@ -271,31 +271,36 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     trainer.args.dataloader_num_workers = workers  # rows fetched and collated off the training process
     if nan_filter:  # the Trainer's default, which the checkpoint stage turns off
         trainer.args.logging_nan_inf_filter = True
-    times = []
-
-    profiled = {}
+    window, profiled = [], {}
 
     class Clock(TrainerCallback):
-        """Times each step; profiles the next-to-last one."""
+        """Times the steps after the warm-up as one window, with no sync of its own between
+        them (the Trainer's own syncs, such as a log's, stay in), then profiles the next-to-last
+        step on its own (the profiler's cost stays out of the window)."""
         def on_step_begin(self, args, state, control, **kwargs):
             if grads_kept:  # gradients accumulate into these instead of taking a CUDA graph's output
                 for p in kwargs["model"].parameters():
                     if p.requires_grad and p.grad is None:
                         p.grad = torch.zeros_like(p)
-            if state.global_step == steps - 2:
-                from torch.profiler import ProfilerActivity, profile as torch_profile
+            if state.global_step in (warmup, steps - 2):
+                torch.cuda.synchronize()
+                now = time.perf_counter()
+                if state.global_step == warmup:
+                    self.start = now
+                else:
+                    window.append(now - self.start)
+                    from torch.profiler import ProfilerActivity, profile as torch_profile
 
-                self.prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-                self.prof.__enter__()
-            torch.cuda.synchronize()
-            self.start = time.perf_counter()
+                    self.prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                    self.prof.__enter__()
+                    self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - self.start)
             if state.global_step == steps - 1:
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - self.start
                 self.prof.__exit__(None, None, None)
-                profiled["gpu_busy"] = busy_and_top(self.prof, times[-1])["gpu_busy"]
+                profiled["gpu_busy"] = busy_and_top(self.prof, wall)["gpu_busy"]
                 profiled.update(idle_gaps(self.prof))
 
     trainer.add_callback(Clock())
@@ -309,7 +314,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
             trainer.train()
     except Exception as e:  # OOM, a compile mode that cannot run this graph: recorded
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-    seconds = sum(times[warmup:]) / (steps - warmup)
+    seconds = window[0] / (steps - 2 - warmup)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"tokens_per_s": round(4 * 2048 / seconds, 1), "step_seconds": round(seconds, 4),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "last_loss": losses[-1], **profiled}
