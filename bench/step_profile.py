@@ -19,7 +19,8 @@ LoRA input to the fp32 adapters' dtype or not):
                       batch, for the loss check (needs torchao, not a dependency of the
                       project: pip install torchao; 0.17 was measured)
 And through the checkpoint stage's trainer (stages/train/sft.make_trainer, 4 sequences per
-step; a callback times the 8 steps after 3 warm-up steps as one window, then profiles one):
+step; a callback times the 8 steps after 3 warm-up steps as one window, then profiles one;
+results committed before 2026-11-25 timed each step with a sync of its own):
   trainer             our trainer: the model's own loss
   trainer_trl_loss    the same with TRL's compute_loss (its chunked LM head and metrics)
   trainer_nogc        our trainer with Python's garbage collector off while it trains
