@@ -165,6 +165,32 @@ def test_compiled_regions_train_as_eager_does_loss_included():
         torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_fused_loss_is_bound_to_the_instance_only():
+    """fused_cross_entropy: Liger's fused loss on this model, nothing patched for the process
+    (a later probe candidate or the trained model must not run Liger's other kernels), and the
+    same loss as the model's own. Runs where liger-kernel is installed (the GPU machine)."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel (and triton) is installed on GPU machines only")
+    import torch
+    import transformers.models.qwen3.modeling_qwen3 as qwen3
+
+    module = (qwen3.Qwen3RMSNorm, qwen3.Qwen3MLP, qwen3.apply_rotary_pos_emb, qwen3.Qwen3ForCausalLM.forward)
+    torch.manual_seed(0)
+    model = tiny_qwen3(vocab_size=64)
+    ids = torch.randint(0, 64, (2, 16))
+    own = model(input_ids=ids, labels=ids).loss
+    settings.fused_loss(model)
+    assert model.forward.__func__ is not qwen3.Qwen3ForCausalLM.forward
+    assert (qwen3.Qwen3RMSNorm, qwen3.Qwen3MLP, qwen3.apply_rotary_pos_emb, qwen3.Qwen3ForCausalLM.forward) == module
+    assert type(model.model.norm) is qwen3.Qwen3RMSNorm
+    if torch.cuda.is_available():  # Liger's kernels are Triton: they run on a GPU
+        model.cuda()
+        torch.testing.assert_close(model(input_ids=ids.cuda(), labels=ids.cuda()).loss.cpu(), own.detach(),
+                                   rtol=1e-4, atol=1e-4)
+    model.config.model_type = "no_such_type"
+    with pytest.raises(ValueError, match="no fused loss for model type 'no_such_type'"):
+        settings.fused_loss(model)
+
+
 def test_search_tries_every_checkpointing_mode_again_once_compiled():
     """The H100 case of 2026-11-25: uncompiled, 'off' fits micro-batch 2 only and 'selective' at 4
     wins a near tie by noise; compile was then tried on that winner alone, and 'off' compiled at 4,

@@ -142,13 +142,24 @@ def apply_settings(model, s: dict) -> None:
     if s["compile"]:
         compile_regions(model)
     if s["fused_cross_entropy"]:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        fused_loss(without_peft(model))
 
-        # the fused loss only, bound to this instance: Liger's rope, RMSNorm and SwiGLU switches
-        # (on by default) patch transformers' module for the whole process, so every model built
-        # after this probe candidate would run them, compiled regions included
-        _apply_liger_kernel_to_instance(model=without_peft(model), fused_linear_cross_entropy=True,
-                                        cross_entropy=False, rope=False, rms_norm=False, swiglu=False)
+
+def fused_loss(model) -> None:
+    """Liger's fused linear cross-entropy bound to this instance, through its public per-model
+    function (apply_liger_kernel_to_<type>(model=...)). Its other switches (rope, RMSNorm,
+    SwiGLU, ...: on by default) patch transformers' module for the whole process, so every model
+    built after this probe candidate would run them, compiled regions included: all turned off."""
+    import inspect
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model.config.model_type)
+    if apply is None:  # the probe records this candidate as failed; a plan never holds it
+        raise ValueError(f"Liger has no fused loss for model type {model.config.model_type!r}")
+    others = {name: False for name, p in inspect.signature(apply).parameters.items()
+              if isinstance(p.default, bool) and name != "fused_linear_cross_entropy"}
+    apply(model=model, fused_linear_cross_entropy=True, **others)
 
 
 def training_context(trainer, plan: dict):
