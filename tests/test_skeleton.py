@@ -167,3 +167,23 @@ def test_a_field_stripped_by_the_template_is_replayed_not_guarded():
     text, spans = template.render_with_spans(tok, messages)
     assert (text, spans) == template.rendered_with_spans(tok, messages, None)
     assert text.endswith("<think>\n\n</think>\n\nfirst line\nsecond<|im_end|>\n")  # the two line breaks stripped
+
+
+def test_without_jinja_internals_every_row_is_rendered_by_the_template(monkeypatch):
+    """The slot compiler overrides two internal methods of jinja2's code generator (pinned 3.1.6).
+    A jinja2 without them gives no skeletons, not an error: rows come out as the template renders them."""
+    from jinja2.compiler import CodeGenerator
+
+    tok = char_tokenizer()
+    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    chats = conversations(random.Random("no internals"), 20)
+    monkeypatch.delattr(CodeGenerator, "_output_child_pre")
+    for cached in (skeleton.slot_template, template._skeleton):
+        cached.cache_clear()
+    try:
+        assert assert_exact(tok, chats) == 0  # not one row through a skeleton, every row exact
+    finally:
+        monkeypatch.undo()
+        for cached in (skeleton.slot_template, template._skeleton):
+            cached.cache_clear()
+    assert assert_exact(tok, chats) > 0  # and with them, the fast path again

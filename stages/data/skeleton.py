@@ -242,6 +242,9 @@ def slot_template(chat_template: str):
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator
 
+    # jinja2's code generator has no public hook for an output's wrapping, so the two methods below
+    # override its internals (pyproject pins jinja2 3.1.6). A jinja2 that changed them fails here, and
+    # template._skeleton then gives no skeleton: every row rendered by the template (tests/test_skeleton.py)
     class Generator(CodeGenerator):
         """Top-level output as usual (finalize: top_level); captured output through `captured`, or,
         where autoescaping may apply, refused for slots."""
