@@ -243,8 +243,11 @@ def slot_template(chat_template: str):
     from jinja2.compiler import CodeGenerator
 
     # jinja2's code generator has no public hook for an output's wrapping, so the two methods below
-    # override its internals (pyproject pins jinja2 3.1.6). A jinja2 that changed them fails here, and
-    # template._skeleton then gives no skeleton: every row rendered by the template (tests/test_skeleton.py)
+    # override its internals (pyproject pins jinja2 3.1.6). Where a jinja2 lacks them: no skeletons,
+    # every row rendered by the template itself (tests/test_skeleton.py)
+    if not all(hasattr(CodeGenerator, name) for name in ("_output_child_pre", "_output_child_post")):
+        return None
+
     class Generator(CodeGenerator):
         """Top-level output as usual (finalize: top_level); captured output through `captured`, or,
         where autoescaping may apply, refused for slots."""
