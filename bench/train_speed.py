@@ -22,9 +22,12 @@ Real tokens/s counts non-pad tokens of the timed steps (steps after WARMUP, so c
 is not timed). MFU: model FLOPs per token, 4N for LoRA (bench/autotune_probe.flops_per_token
 says which terms count), over the bf16 matmul peak measured on this GPU in this run.
 Loss check: ours vs ours_safe on the first 20 steps (same batches), max |difference|.
-Each configuration runs in a fresh process (run_one says why); the table comes at the end.
+Each configuration runs in a fresh process (run_one says why), with the run's own cold
+compile caches; the table comes at the end. With --gpus 0,1 configurations run two at a time,
+one per GPU of the host (each still measures one GPU; they share the host's CPUs), so a run
+takes about half as long.
 
-    python bench/train_speed.py [out.json [--work DIR]]
+    python bench/train_speed.py [out.json] [--work DIR] [--gpus 0,1]
 """
 from __future__ import annotations
 
@@ -193,7 +196,8 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
 
 
 TRL = ("trl_default", "trl_packed", "trl_flex", "trl_flex_nogc", "trl_flex_nogc_compile")
-CONFIGS = ("ours", "ours_safe", "trl_flex_nogc_compile", "trl_flex_nogc", "trl_flex", "trl_packed", "trl_default")  # slowest last: a run cut short keeps most
+CONFIGS = ("ours", "ours_safe", "trl_flex_nogc_compile", "trl_flex_nogc", "trl_flex", "trl_packed", "trl_default")
+# (in this order on one GPU; TRL's slowest to compile first, so a second GPU takes them while ours runs)  # slowest last: a run cut short keeps most
 
 
 def run_one(name: str, work: Path) -> dict:
@@ -236,25 +240,65 @@ def run_one(name: str, work: Path) -> dict:
     return {**run_ours(name, rows, tok, found["decisions"], work), "found": found}
 
 
-def main() -> None:
+def run_configs(work: Path, gpus: list[str]) -> dict:
+    """Every configuration in a child process of its own, one at a time on each GPU: the first
+    runs ours then ours_safe (which reuses ours's decisions), then joins the others in taking
+    TRL's configurations, slowest to compile first. A configuration already in `work` is kept."""
+    import os
     import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Empty, SimpleQueue
+
+    trl = SimpleQueue()
+    for name in CONFIGS:
+        if name.startswith("trl"):
+            trl.put(name)
+
+    def lane(gpu: str, first: bool) -> None:
+        names = ["ours", "ours_safe"] if first else []
+        while True:
+            if not names:
+                try:
+                    names = [trl.get_nowait()]
+                except Empty:
+                    return
+            name = names.pop(0)
+            if not (work / f"{name}.json").exists():
+                subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True,
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
+            logging.info("%s done on GPU %s", name, gpu)
+
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        for lane_done in [pool.submit(lane, gpu, i == 0) for i, gpu in enumerate(gpus)]:
+            lane_done.result()  # a child that failed fails the run
+    return {name: json.loads((work / f"{name}.json").read_text()) for name in CONFIGS}
+
+
+def main() -> None:
+    import argparse
+    import os
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if len(sys.argv) > 2 and sys.argv[1] == "--one":  # a child: one configuration
         name, work = sys.argv[2], Path(sys.argv[3])
         (work / f"{name}.json").write_text(json.dumps(run_one(name, work)))
         return
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bench" / "results" / "train_speed.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # a run cut short (a time limit) goes on where it stopped: `--work DIR` again, same machine
-    work = Path(sys.argv[3]) if sys.argv[2:3] == ["--work"] else Path(tempfile.mkdtemp())
+    ap = argparse.ArgumentParser(description="TRL's configurations and ours, one GPU each")
+    ap.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / "train_speed.json")
+    ap.add_argument("--work", type=Path, help="a run cut short (a time limit) goes on where it stopped: "
+                    "its work directory again, same machine")
+    ap.add_argument("--gpus", default=os.environ["CUDA_VISIBLE_DEVICES"],
+                    help="GPUs of this host to run configurations on, one per GPU at a time (e.g. 0,1)")
+    args = ap.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(tempfile.mkdtemp())
+    work.mkdir(parents=True, exist_ok=True)
+    # each run compiles cold, as on a fresh machine (a later run would otherwise reuse the kernels
+    # an earlier one compiled, and the probe, on a time budget, would reach further)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(work / "triton"))
     logging.info("work directory %s", work)
-    results = {}
-    for name in CONFIGS:
-        if not (work / f"{name}.json").exists():
-            subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True)
-        results[name] = json.loads((work / f"{name}.json").read_text())
-        out.write_text(json.dumps({"finished": list(results), "results": results}, indent=1) + "\n")  # a run cut short keeps these
+    results = run_configs(work, args.gpus.split(","))
     found = results["ours"].pop("found")
     shape = SHAPES["qwen3-8b"]
     peak = matmul_peak_tflops()
@@ -277,11 +321,11 @@ def main() -> None:
     print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
           f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
-    out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
-                               "warmup": WARMUP, "flops_per_token": flops, "matmul_peak_tflops": round(peak, 1),
-                               "best_trl": best_trl, "ours_decisions": found["decisions"],
-                               "probe_seconds": found["probe_seconds"], "loss_max_abs_diff": diff,
-                               "results": results}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
+                                    "warmup": WARMUP, "gpus": args.gpus, "flops_per_token": flops,
+                                    "matmul_peak_tflops": round(peak, 1), "best_trl": best_trl,
+                                    "ours_decisions": found["decisions"], "probe_seconds": found["probe_seconds"],
+                                    "loss_max_abs_diff": diff, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
