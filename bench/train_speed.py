@@ -1,5 +1,6 @@
 """Training throughput on one GPU, one run, same documents: TRL's reference configurations
-(its defaults, and the faster settings a TRL user can turn on) beside ours (the checkpoint stage's trainer with the plan probe's decisions).
+(its defaults, and the faster settings a TRL user can turn on) beside ours (the checkpoint
+stage's trainer with the plan probe's decisions).
 
 Workload (issue 3): a Qwen3-8B-shaped model, random init with a fixed seed, LoRA r=16
 alpha=32 on all linear layers, bf16; documents of lognormal length (median 450, clipped to
@@ -197,7 +198,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
 
 TRL = ("trl_default", "trl_packed", "trl_flex", "trl_flex_nogc", "trl_flex_nogc_compile")
 CONFIGS = ("ours", "ours_safe", "trl_flex_nogc_compile", "trl_flex_nogc", "trl_flex", "trl_packed", "trl_default")
-# (in this order on one GPU; TRL's slowest to compile first, so a second GPU takes them while ours runs)  # slowest last: a run cut short keeps most
+# (in this order on one GPU; TRL's slowest to compile first, so a second GPU takes them while ours runs)
 
 
 def run_one(name: str, work: Path) -> dict:
