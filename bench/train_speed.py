@@ -147,10 +147,9 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
 
     torch.cuda.reset_peak_memory_stats()
     model = new_model(attn)
-    args = SFTConfig(**{"output_dir": str(work / name), "max_steps": STEPS, "per_device_train_batch_size": BATCH,
-                        "max_length": MAX_LENGTH, "bf16": True, "learning_rate": 1e-4, "logging_steps": 1,
-                        "report_to": "none", "save_strategy": "no", "seed": 0, "data_seed": 0,
-                        "dataloader_num_workers": 0, **overrides})
+    args = SFTConfig(output_dir=str(work / name), max_steps=STEPS, per_device_train_batch_size=BATCH,
+                     max_length=MAX_LENGTH, bf16=True, learning_rate=1e-4, logging_steps=1, report_to="none",
+                     save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0, **overrides)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(docs), processing_class=tok,
                          peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
                                                 task_type="CAUSAL_LM"))
@@ -158,7 +157,7 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
     trainer.add_callback(meter(counts, times))
     try:
-        result = finish(name, trainer, counts, times, args.gradient_accumulation_steps)
+        result = finish(name, trainer, counts, times)
     except torch.OutOfMemoryError:  # a micro-batch too large for this setting: recorded, not a failed run
         result = {"error": "out of memory"}
     del trainer, model
@@ -197,8 +196,8 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
 
 
 TRL = ("trl_default", "trl_packed", "trl_flex", "trl_flex_nogc", "trl_flex_nogc_compile")
-CONFIGS = ("ours", "ours_safe", "trl_flex_nogc_compile", "trl_flex_nogc", "trl_flex", "trl_packed", "trl_default")
-# (in this order on one GPU; TRL's slowest to compile first, so a second GPU takes them while ours runs)
+CONFIGS = ("ours", "ours_safe", *reversed(TRL))  # in this order on one GPU; TRL's slowest to compile
+# first, so a second GPU takes them while ours runs
 
 
 def run_one(name: str, work: Path) -> dict:
@@ -251,9 +250,8 @@ def run_configs(work: Path, gpus: list[str]) -> dict:
     from queue import Empty, SimpleQueue
 
     trl = SimpleQueue()
-    for name in CONFIGS:
-        if name.startswith("trl"):
-            trl.put(name)
+    for name in reversed(TRL):
+        trl.put(name)
 
     def lane(gpu: str, first: bool) -> None:
         names = ["ours", "ours_safe"] if first else []
