@@ -2,10 +2,13 @@
 (its defaults, and the faster settings a TRL user can turn on) beside ours (the checkpoint
 stage's trainer with the plan probe's decisions).
 
-Workload (issue 3): a Qwen3-8B-shaped model, random init with a fixed seed, LoRA r=16
-alpha=32 on all linear layers, bf16; documents of lognormal length (median 450, clipped to
-[32, 2048]) with loss on the completion part (the last 70%). Each document is a short random
-motif repeated (tokens 10 and up: never the pad id, so real tokens = non-pad tokens).
+Workload: a Qwen3-8B-shaped model, random init with a fixed seed, LoRA r=16 alpha=32 on all
+linear layers, bf16; real text with a real long tail: the first DOCS chat rows of
+bench/data_prep.py's real corpus (real prompts of ../shared/datasets, real answers and
+excerpts of real Python source, 1-3 turns), or of --rows FILE (chat JSONL), rendered with
+Qwen3's chat template and tokenized by Qwen3's real tokenizer (../shared/tokenizers/qwen3, or
+--tokenizer DIR) through the shards stage's own encoder, loss on the assistant turns, cut at
+MAX_LENGTH. The rows' BLAKE3 and their token lengths are recorded with the results.
 
   trl_default   padded batches of 4, sdpa, gradient checkpointing (TRL's defaults)
   trl_packed    BFD packing + padding-free + Liger, 4 x 2048 per step
@@ -28,14 +31,13 @@ compile caches; the table comes at the end. With --gpus 0,1 configurations run t
 one per GPU of the host (each still measures one GPU; they share the host's CPUs), so a run
 takes about half as long.
 
-    python bench/train_speed.py [out.json] [--work DIR] [--gpus 0,1]
+    python bench/train_speed.py [out.json] [--work DIR] [--gpus 0,1] [--rows FILE] [--tokenizer DIR]
 """
 from __future__ import annotations
 
 import gc
 import json
 import logging
-import math
 import sys
 import tempfile
 import time
@@ -52,20 +54,57 @@ one_gpu()
 STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
 PROBE_BUDGET = recipe_probe_budget()
 MAX_LENGTH, BATCH = 2048, 4
+DOCS = STEPS * BATCH * 12  # conversations read: more than the packed steps take
 
 
-def documents(n: int, vocab: int, seed: int = 0) -> list[dict]:
+def documents(work: Path) -> list[dict]:
+    """The workload's conversations as ids and loss masks. A conversation holding the pad id (a
+    literal <|endoftext|> in the source text) is left out: real tokens are counted as non-pad."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    from stages.data.template import Refused, encode_chats
+
+    tok = tokenizer(work)
+    with open(work / "rows.jsonl", encoding="utf-8") as f:
+        chats = [json.loads(line)["messages"] for line, _ in zip(f, range(DOCS))]
     docs = []
-    for _ in range(n):
-        length = int(np.clip(rng.lognormal(math.log(450), 0.8), 32, MAX_LENGTH))
-        motif = rng.integers(10, vocab, rng.integers(4, 16))
-        ids = np.resize(motif, length).tolist()
-        prompt = int(length * 0.3)
-        docs.append({"input_ids": ids, "completion_mask": [0] * prompt + [1] * (length - prompt)})
+    for encoded in encode_chats(tok, chats):
+        if isinstance(encoded, Refused):
+            raise SystemExit(f"{work / 'rows.jsonl'}: the chat template refused a row: {encoded}")
+        ids, mask = (np.asarray(a)[:MAX_LENGTH].tolist() for a in encoded)
+        if tok.pad_token_id not in ids:
+            docs.append({"input_ids": ids, "completion_mask": [int(m) for m in mask]})
     return docs
+
+
+def tokenizer(work: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(json.loads((work / "workload.json").read_text())["tokenizer"])
+
+
+def workload(work: Path, rows: Path | None, tokenizer_dir: Path) -> dict:
+    """The rows every configuration reads (work/rows.jsonl: --rows, or data_prep's real corpus
+    made here), and what they are: digest, documents, token lengths."""
+    import shutil
+
+    import numpy as np
+    from blake3 import blake3
+
+    from data_prep import make_real_rows
+
+    target = work / "rows.jsonl"
+    if not target.exists():
+        if rows:
+            shutil.copyfile(rows, target)
+        else:
+            make_real_rows(target, DOCS)
+    (work / "workload.json").write_text(json.dumps({"tokenizer": str(tokenizer_dir.resolve())}))
+    lengths = np.array([len(d["input_ids"]) for d in documents(work)])
+    return {"rows": str(rows or "bench/data_prep.py real corpus"), "rows_blake3": blake3(target.read_bytes()).hexdigest(),
+            "tokenizer": str(tokenizer_dir), "documents": len(lengths), "tokens": int(lengths.sum()),
+            "length_median": int(np.median(lengths)), "length_p90": int(np.percentile(lengths, 90)),
+            "at_max_length": int((lengths == MAX_LENGTH).sum())}
 
 
 def packed_rows(docs: list[dict], pad_id: int) -> dict:
@@ -205,13 +244,11 @@ def run_one(name: str, work: Path) -> dict:
     for the whole process and training_mode() makes torch deterministic for the whole
     process, so neither may leak into the runs after it."""
     from stages.train import autotune
-    from stages.model.tiny import char_tokenizer
     from stages.engine.recipe import Recipe
     from transformers import Qwen3Config
 
     shape = SHAPES["qwen3-8b"]
-    docs = documents(STEPS * BATCH * 12, shape["vocab_size"])
-    tok = char_tokenizer()
+    docs, tok = documents(work), tokenizer(work)
     if name == "trl_default":
         return run_trl(name, docs, tok, "sdpa", work)
     if name == "trl_packed":
@@ -288,6 +325,9 @@ def main() -> None:
                     "its work directory again, same machine")
     ap.add_argument("--gpus", default=os.environ["CUDA_VISIBLE_DEVICES"],
                     help="GPUs of this host to run configurations on, one per GPU at a time (e.g. 0,1)")
+    ap.add_argument("--rows", type=Path, help="chat JSONL ({\"messages\": [...]} per line) instead of "
+                    "bench/data_prep.py's real corpus (which reads ../shared/datasets)")
+    ap.add_argument("--tokenizer", type=Path, default=REPO.parent / "shared" / "tokenizers" / "qwen3")
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp())
@@ -297,6 +337,8 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(work / "triton"))
     logging.info("work directory %s", work)
+    data = workload(work, args.rows, args.tokenizer)
+    logging.info("workload %s", data)
     results = run_configs(work, args.gpus.split(","))
     found = results["ours"].pop("found")
     shape = SHAPES["qwen3-8b"]
@@ -306,6 +348,8 @@ def main() -> None:
     best_trl = max(ran, key=lambda k: results[k]["tokens_per_s"])
     print(f"\nQwen3-8B shape, LoRA r16, seq {MAX_LENGTH}, batch {BATCH}, {STEPS} steps ({WARMUP} untimed); "
           f"MFU: {flops / 1e9:.1f} GFLOP/token over the measured bf16 matmul peak, {peak:.0f} TFLOP/s")
+    print(f"workload: {data['documents']} real conversations, Qwen3's tokenizer, median {data['length_median']} "
+          f"tokens, p90 {data['length_p90']}, {data['at_max_length']} cut at {MAX_LENGTH} (rows {data['rows_blake3'][:12]})")
     print(f"{'':21} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>9} {'vs best TRL':>12}")
     for name in (*TRL, "ours", "ours_safe"):
         r = results[name]
@@ -321,7 +365,7 @@ def main() -> None:
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
           f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
     args.out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
-                                    "warmup": WARMUP, "gpus": args.gpus, "flops_per_token": flops,
+                                    "warmup": WARMUP, "workload": data, "gpus": args.gpus, "flops_per_token": flops,
                                     "matmul_peak_tflops": round(peak, 1), "best_trl": best_trl,
                                     "ours_decisions": found["decisions"], "probe_seconds": found["probe_seconds"],
                                     "loss_max_abs_diff": diff, "results": results}, indent=1) + "\n")
