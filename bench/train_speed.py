@@ -127,13 +127,13 @@ def packed_rows(docs: list[dict], pad_id: int) -> dict:
     return rows
 
 
-def new_model(attn: str):
+def new_model(attn: str, dtype: str = "bfloat16"):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(Qwen3Config(**SHAPES["qwen3-8b"]), dtype=torch.bfloat16,
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**SHAPES["qwen3-8b"]), dtype=getattr(torch, dtype),
                                                  attn_implementation=attn)
     model.config.use_cache = False
     return model
@@ -205,7 +205,7 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
     return result
 
 
-def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
+def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str = "bfloat16") -> dict:
     import torch
     from datasets import Dataset
 
@@ -216,11 +216,11 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path) -> dict:
 
     torch.cuda.reset_peak_memory_stats()
     settings.training_mode()
-    model = new_model("sdpa")
+    model = new_model("sdpa", dtype)
     settings.apply_settings(model, decisions)
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,
                      max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
-    plan = {**decisions, "device": "cuda", "dtype": "bfloat16", "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
+    plan = {**decisions, "device": "cuda", "dtype": dtype, "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
     trainer = make_trainer(model, Dataset.from_dict(rows), tok, plan, t, work / name)
     counts, times = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
