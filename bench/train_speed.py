@@ -93,12 +93,17 @@ def workload(work: Path, rows: Path | None, tokenizer_dir: Path) -> dict:
 
     from data_prep import make_real_rows
 
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise SystemExit(f"{tokenizer_dir}: no tokenizer.json; pass --tokenizer DIR (Qwen3's tokenizer)")
     target = work / "rows.jsonl"
     if not target.exists():
         if rows:
             shutil.copyfile(rows, target)
-        else:
+        elif (REPO.parent / "shared" / "datasets").is_dir():
             make_real_rows(target, DOCS)
+        else:
+            raise SystemExit(f"{REPO.parent / 'shared' / 'datasets'}: not here; the real corpus is made from it. "
+                             "Pass --rows FILE (chat JSONL) instead")
     (work / "workload.json").write_text(json.dumps({"tokenizer": str(tokenizer_dir.resolve())}))
     lengths = np.array([len(d["input_ids"]) for d in documents(work)])
     return {"rows": str(rows or "bench/data_prep.py real corpus"), "rows_blake3": blake3(target.read_bytes()).hexdigest(),
