@@ -49,7 +49,7 @@ def main() -> None:
     if bench.workload(a.work, a.rows, a.tokenizer)["rows_blake3"] != result["workload"]["rows_blake3"]:
         raise SystemExit(f"{a.rows}: not the rows {a.result} ran (BLAKE3 differs)")
     tok = bench.tokenizer(a.work)
-    rows = bench.packed_rows(bench.documents(a.work), tok.pad_token_id)
+    rows = bench.packed_rows(bench.documents(a.work, tok), tok.pad_token_id)
     decisions = {**result["ours_decisions"], "compile": True}
     runs = {}
     for name, options in CASTS.items():
@@ -57,9 +57,7 @@ def main() -> None:
         runs[name] = bench.run_ours(name, rows, tok, decisions, a.work)
     if a.fp32:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        safe = {**decisions, "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
-                "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
-        runs["fp32"] = bench.run_ours("fp32", rows, tok, safe, a.work, dtype="float32")
+        runs["fp32"] = bench.run_ours("fp32", rows, tok, bench.safe(decisions), a.work, dtype="float32")
     curves = {**{n: r["losses"] for n, r in runs.items()}, "ours_safe": result["results"]["ours_safe"]["losses"]}
     print(f"{'':24} {'tokens/s':>9} {'vs ours_safe':>13} {'vs fp32':>8}  (max |loss difference|, first 20 steps)")
     for name, losses in curves.items():

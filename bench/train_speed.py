@@ -57,14 +57,13 @@ MAX_LENGTH, BATCH = 2048, 4
 DOCS = STEPS * BATCH * 12  # conversations read: more than the packed steps take
 
 
-def documents(work: Path) -> list[dict]:
+def documents(work: Path, tok) -> list[dict]:
     """The workload's conversations as ids and loss masks. A conversation holding the pad id (a
     literal <|endoftext|> in the source text) is left out: real tokens are counted as non-pad."""
     import numpy as np
 
     from stages.data.template import Refused, encode_chats
 
-    tok = tokenizer(work)
     with open(work / "rows.jsonl", encoding="utf-8") as f:
         chats = [json.loads(line)["messages"] for line, _ in zip(f, range(DOCS))]
     docs = []
@@ -105,7 +104,7 @@ def workload(work: Path, rows: Path | None, tokenizer_dir: Path) -> dict:
             raise SystemExit(f"{REPO.parent / 'shared' / 'datasets'}: not here; the real corpus is made from it. "
                              "Pass --rows FILE (chat JSONL) instead")
     (work / "workload.json").write_text(json.dumps({"tokenizer": str(tokenizer_dir.resolve())}))
-    lengths = np.array([len(d["input_ids"]) for d in documents(work)])
+    lengths = np.array([len(d["input_ids"]) for d in documents(work, tokenizer(work))])
     return {"rows": str(rows or "bench/data_prep.py real corpus"), "rows_blake3": blake3(target.read_bytes()).hexdigest(),
             "tokenizer": str(tokenizer_dir), "documents": len(lengths), "tokens": int(lengths.sum()),
             "length_median": int(np.median(lengths)), "length_p90": int(np.percentile(lengths, 90)),
@@ -210,6 +209,12 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
     return result
 
 
+def safe(decisions: dict) -> dict:
+    """The same micro-batch with the safe settings: the loss check's reference."""
+    return {**decisions, "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
+            "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
+
+
 def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str = "bfloat16") -> dict:
     import torch
     from datasets import Dataset
@@ -253,7 +258,8 @@ def run_one(name: str, work: Path) -> dict:
     from transformers import Qwen3Config
 
     shape = SHAPES["qwen3-8b"]
-    docs, tok = documents(work), tokenizer(work)
+    tok = tokenizer(work)
+    docs = documents(work, tok)
     if name == "trl_default":
         return run_trl(name, docs, tok, "sdpa", work)
     if name == "trl_packed":
@@ -266,9 +272,7 @@ def run_one(name: str, work: Path) -> dict:
     rows = packed_rows(docs, tok.pad_token_id)
     if name == "ours_safe":  # the probe's micro-batch with the safe settings
         found = json.loads((work / "ours.json").read_text())["found"]
-        safe = {**found["decisions"], "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
-                "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
-        return run_ours(name, rows, tok, safe, work)
+        return run_ours(name, rows, tok, safe(found["decisions"]), work)
     config_dir = work / "config"
     Qwen3Config(**shape).save_pretrained(config_dir)
     recipe = Recipe.model_validate({
