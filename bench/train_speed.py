@@ -332,8 +332,9 @@ def main() -> None:
     ap.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / "train_speed.json")
     ap.add_argument("--work", type=Path, help="a run cut short (a time limit) goes on where it stopped: "
                     "its work directory again, same machine")
-    ap.add_argument("--gpus", default=os.environ["CUDA_VISIBLE_DEVICES"],
-                    help="GPUs of this host to run configurations on, one per GPU at a time (e.g. 0,1)")
+    ap.add_argument("--gpus", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+                    help="GPUs of this host to run configurations on, one per GPU at a time (e.g. 0,1; "
+                         "default CUDA_VISIBLE_DEVICES, else 0)")
     ap.add_argument("--rows", type=Path, help="chat JSONL ({\"messages\": [...]} per line) instead of "
                     "bench/data_prep.py's real corpus (which reads ../shared/datasets)")
     ap.add_argument("--tokenizer", type=Path, default=REPO.parent / "shared" / "tokenizers" / "qwen3")

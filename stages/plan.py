@@ -20,8 +20,6 @@ from pathlib import Path
 from stages.engine.errors import UserError
 from stages.train import autotune, settings
 
-GPU_PROFILES = {"h100", "h200", "mi300x", "gfx1100", "gfx1151"}
-
 
 def device_facts(hardware) -> dict:
     """What the decisions depend on; part of the key, so new hardware means a new plan."""

@@ -141,6 +141,8 @@ def test_tamper_that_puts_the_mtime_back_is_caught_by_verify_and_the_build(warm)
     assert run.rc == 0 and run.stages_ran() == {"checkpoint"}, run.out[-2000:]  # same bytes: cut off there
     assert artifact(warm, "checkpoint").joinpath("model", "model.safetensors").read_bytes() == good
     assert doit(warm, "verify:tiny").rc == 0
+    run = doit(warm, "verify", env={"MINDXTRAIN_VERIFY_FULL": "1"})  # every recipe, every byte (README's way)
+    assert run.rc == 0 and "verify: tiny: intact (every byte re-read)" in run.out, run.out
 
 
 def one_error_line(run) -> str:
