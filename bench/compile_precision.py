@@ -25,10 +25,6 @@ import train_speed as bench  # noqa: E402
 CASTS = {"compiled_emulated_casts": {"emulate_precision_casts": True}, "compiled_fused_casts": {}}
 
 
-def distance(a: list[float], b: list[float]) -> float:
-    return round(max(abs(x - y) for x, y in zip(a, b)), 4)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", type=Path)
@@ -62,8 +58,8 @@ def main() -> None:
     print(f"{'':24} {'tokens/s':>9} {'vs ours_safe':>13} {'vs fp32':>8}  (max |loss difference|, first 20 steps)")
     for name, losses in curves.items():
         speed = runs[name]["tokens_per_s"] if name in runs else result["results"][name]["tokens_per_s"]
-        fp32 = f"{distance(losses, curves['fp32']):8.4f}" if "fp32" in curves else ""
-        print(f"{name:24} {speed:>9.0f} {distance(losses, curves['ours_safe']):13.4f} {fp32}")
+        fp32 = f"{bench.loss_distance(losses, curves['fp32']):8.4f}" if "fp32" in curves else ""
+        print(f"{name:24} {speed:>9.0f} {bench.loss_distance(losses, curves['ours_safe']):13.4f} {fp32}")
     if a.out:
         a.out.write_text(json.dumps({"result": str(a.result), "decisions": decisions, "runs": runs}, indent=1) + "\n")
 

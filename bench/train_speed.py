@@ -215,6 +215,11 @@ def safe(decisions: dict) -> dict:
             "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
 
 
+def loss_distance(a: list[float], b: list[float]) -> float:
+    """The loss check's measure: the largest step-by-step difference of two loss curves."""
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
 def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str = "bfloat16") -> dict:
     import torch
     from datasets import Dataset
@@ -369,7 +374,7 @@ def main() -> None:
         r["mfu"] = round(r["tokens_per_s"] * flops / (peak * 1e12), 4)
         r["vs_best_trl"] = round(r["tokens_per_s"] / results[best_trl]["tokens_per_s"], 2)
         print(f"{name:21} {r['tokens_per_s']:>9.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f} {r['vs_best_trl']:>11}x")
-    diff = max(abs(a - b) for a, b in zip(results["ours"]["losses"], results["ours_safe"]["losses"]))
+    diff = loss_distance(results["ours"]["losses"], results["ours_safe"]["losses"])
     print(f"ours decisions: {found['decisions']} (probe {found['probe_seconds']:.0f} s)")
     print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
