@@ -30,7 +30,7 @@ from stages.engine import keys, remote
 from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
 from stages.engine.errors import UserError
 from stages.engine.recipe import Recipe, check_name, load
-from stages.engine.store import Store, hash_file, merkle, select
+from stages.engine.store import UNREADABLE, Store, hash_file, merkle, select
 
 ROOT = Path.cwd()
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the stages package
@@ -276,10 +276,14 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
         waiting = lambda: print(f"{stage.name}:{recipe_name}: another build is making {key[:12]}; waiting for it",  # noqa: E731
                                 flush=True)
         with st.building(stage.name, key, waiting):
-            if not st.damage(stage.name, key):  # the other build finished it
+            damage = st.damage(stage.name, key)
+            if not damage:  # the other build finished it
                 st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
                 print(f"{stage.name}:{recipe_name}: built by the other build", flush=True)
                 return None
+            unreadable = [p for p in damage if UNREADABLE in p]
+            if unreadable:  # not damage to rebuild over: the owner's permissions, theirs to mend
+                raise UserError(f"{stage.name}:{recipe_name}: {unreadable[0]}; nothing was rebuilt")
             build_key(recipe_name, stage, inputs, key, artifacts)
     except (UserError, UndeclaredInput) as e:
         return TaskFailed(str(e))

@@ -15,11 +15,14 @@ import mmap
 import os
 import shutil
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import blake3
+
+from stages.engine.errors import UserError
 
 HASH_WINDOW = 64 << 20
 
@@ -49,8 +52,37 @@ def select(files: dict[str, str], patterns: list[str]) -> dict[str, str]:
     return {r: d for r, d in files.items() if any(fnmatch.fnmatchcase(r, p) for p in patterns)}
 
 
+OTHER_KINDS = {stat.S_IFLNK: "a symlink", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+               stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}
+UNREADABLE = "cannot be read"
+
+
+def shown(name: str) -> str:
+    """A name as a message may print it: a newline or other control character in a file name
+    would let it write lines of its own into verify's output, so those are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
+def scan(root: Path) -> tuple[list[str], list[str], dict[str, str]]:
+    """A tree as it is on disk, links not followed: its regular files and its directories
+    (relative paths, sorted), and everything else (a symlink, a FIFO...) with what it is. An
+    artifact holds regular files only: a symlink could point out of the store, a FIFO block a read."""
+    files, dirs, others = [], [], {}
+    for top, subdirs, names in os.walk(root):  # a symlink to a directory is listed, never entered
+        for name in subdirs + names:
+            path = Path(top, name)
+            rel, mode = path.relative_to(root).as_posix(), path.lstat().st_mode
+            if stat.S_ISREG(mode):
+                files.append(rel)
+            elif stat.S_ISDIR(mode):
+                dirs.append(rel)
+            else:
+                others[rel] = OTHER_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return sorted(files), sorted(dirs), others
+
+
 def list_files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    return scan(root)[0]
 
 
 def write_json(path: Path, obj) -> None:
@@ -128,23 +160,44 @@ class Store:
         if files is None:
             meta = self.sidecar(stage, key)
             files = meta and meta["files"]
-        if not obj.is_dir() or files is None:
+        if obj.is_symlink() or not obj.is_dir() or files is None:
             return [f"artifact {key} is missing from the store"]
         problems = []
-        present = set(list_files(obj))
+        regular, dirs, others = scan(obj)
+        present = set(regular)
         for rel, want in sorted(files.items()):
-            if rel not in present:
-                problems.append(f"{rel} is missing")
+            if rel in others:
+                problems.append(f"{shown(rel)} is {others[rel]}, not a regular file")
                 continue
-            got = hash_file(obj / rel) if full else self.stat.digest(obj / rel)
+            if rel not in present:
+                problems.append(f"{shown(rel)} is missing")
+                continue
+            try:
+                got = hash_file(obj / rel) if full else self.stat.digest(obj / rel)
+            except OSError as e:
+                problems.append(f"{shown(os.path.relpath(obj / rel))} {UNREADABLE} ({e.strerror}): "
+                                f"restore its permissions")
+                continue
             if got != want:
-                problems.append(f"{rel} differs (blake3 {got[:12]}, expected {want[:12]})")
-        problems += [f"{rel} is not part of the artifact" for rel in sorted(present - set(files))]
+                problems.append(f"{shown(rel)} differs (blake3 {got[:12]}, expected {want[:12]})")
+        holding = {parent.as_posix() for rel in [*files, *regular, *others] for parent in Path(rel).parents}
+        problems += [f"{shown(rel)} is not part of the artifact" for rel in sorted(present - set(files))]
+        problems += [f"{shown(rel)}, {kind}, is not part of the artifact" for rel, kind in sorted(others.items())
+                     if rel not in files]
+        problems += [f"{shown(rel)}/, a directory, is not part of the artifact" for rel in dirs if rel not in holding]
         return problems
 
     def commit(self, stage: str, key: str, tmp: Path, sidecar: dict) -> dict:
-        """Hash a finished temp dir, record it, and rename it into place atomically."""
-        files = {rel: hash_file(tmp / rel) for rel in list_files(tmp)}
+        """Hash a finished temp dir, record it, and rename it into place atomically. Empty
+        directories are no part of a tree's digest, so they are left out of the object."""
+        regular, dirs, others = scan(tmp)
+        if others:
+            rel, kind = next(iter(sorted(others.items())))
+            raise UserError(f"{stage}: the build wrote {shown(rel)}, {kind}; an artifact holds regular files only")
+        for rel in reversed(dirs):  # deepest first
+            if not any((tmp / rel).iterdir()):
+                (tmp / rel).rmdir()
+        files = {rel: hash_file(tmp / rel) for rel in regular}
         sidecar = dict(sidecar, files=files, digest=merkle(files))
         for p in tmp.rglob("*"):
             if p.is_file():
@@ -178,8 +231,11 @@ class Store:
         are of a killed build, never a live one, and are removed)."""
         parent = self.objects / stage
         parent.mkdir(parents=True, exist_ok=True)
-        for old in parent.glob(f".tmp-{key}-*"):
-            shutil.rmtree(old, ignore_errors=True)
+        for old in parent.glob(f".tmp-{key}-*"):  # its dir, its log, its inputs' links
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
         tmp = parent / f".tmp-{key}-{os.getpid()}"
         tmp.mkdir()
         return tmp
