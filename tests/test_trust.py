@@ -36,6 +36,43 @@ def test_a_key_given_twice_is_an_error_naming_both_lines(warm):
     assert line == f"error: recipes/tiny.yaml:{at + 2}: train.lr is given twice (lines {at + 1} and {at + 2}); keep one"
 
 
+def billion_laughs() -> str:
+    """Nine levels of ten aliases: 40 lines that stand for a billion strings."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\nmodel:\n  config: {}\ndata:\n  sources: *a8\n"
+
+
+HOSTILE_YAML = {
+    "laughs": (billion_laughs(), "recipes/laughs.yaml:5: the YAML expands to more than 100,000 values"),
+    "deep": ("model: " + "[" * 10_000 + "]" * 10_000 + "\n", "recipes/deep.yaml:1: the YAML is nested more than 32 levels"),
+    "huge": ("# " + "x" * (2 << 20) + "\n", "recipes/huge.yaml: over 1 MiB; a recipe is a page of settings"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_YAML))
+def test_a_hostile_yaml_recipe_is_one_line_and_the_others_go_on(warm, name):
+    text, error = HOSTILE_YAML[name]
+    (warm / "recipes" / f"{name}.yaml").write_text(text)
+    before = snapshot(warm)
+    run = doit(warm, f"manifest:{name}")
+    assert one_error_line(run).startswith(f"error: {error}"), run.out[-2000:]
+    assert "Traceback" not in run.out and len(run.out.splitlines()) < 10, run.out[-2000:]
+
+    # the other recipes are listed, built, shown, checked and verified as if it were not there
+    status = doit(warm, "status")
+    assert status.rc == 0 and f"{name}: cannot build: {error}" in status.out, status.out[-2000:]
+    assert "tiny:\n  base       up to date" in status.out and "Traceback" not in status.out
+    assert doit(warm, "manifest:tiny").ran == []
+    listed = doit(warm, "list", "--all")
+    assert listed.rc == 0 and f"manifest:{name}" in listed.out and "manifest:tiny" in listed.out
+    shown = doit(warm, "show:tiny")
+    assert shown.rc == 0 and "digest" in shown.out
+    check = doit(warm, "verify")
+    assert check.rc == 0 and "verify: tiny: intact" in check.out, check.out[-2000:]
+    assert snapshot(warm) == before
+
+
 @pytest.mark.parametrize("path", ["/etc/hosts", "../outside.jsonl", "data/../../outside.jsonl"])
 def test_data_outside_the_project_is_refused(warm, path):
     recipe = warm / "recipes" / "tiny.yaml"

@@ -281,13 +281,69 @@ def _key_lines(text: str) -> dict[tuple, int]:
     return lines
 
 
+# A recipe is a page of settings: these bounds are orders of magnitude above any real one and far
+# below what would cost memory or a RecursionError (YAML's aliases repeat a node without copying
+# it, so a few lines can stand for a billion: the bound is on the expanded size).
+MAX_RECIPE_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_NODES = 100_000
+
+
+def bounded(path: Path, text: str) -> None:
+    """Refuse, before anything is built from it, a YAML text nested deeper than MAX_DEPTH or whose
+    aliases expand to more than MAX_NODES nodes. Walks the parser's events, which PyYAML makes
+    without recursion, counting each alias as the size of the node it repeats."""
+    sizes: dict[str, int] = {}  # anchor -> expanded size of its node
+    open_nodes: list[list] = []  # [anchor, size so far] of each collection being read
+    total = 0
+
+    def add(size: int, own: int, mark) -> None:
+        """Count a node of `size` expanded values, `own` of them not counted yet."""
+        nonlocal total
+        total += own
+        if open_nodes:
+            open_nodes[-1][1] += size
+        if total > MAX_NODES:
+            raise UserError(f"{path}:{mark.line + 1}: the YAML expands to more than {MAX_NODES:,} values "
+                            f"(aliases repeating aliases?); write the recipe out plainly")
+
+    try:
+        for event in yaml.parse(text):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(open_nodes) >= MAX_DEPTH:
+                    raise UserError(f"{path}:{event.start_mark.line + 1}: the YAML is nested more than "
+                                    f"{MAX_DEPTH} levels deep; a recipe needs a few")
+                open_nodes.append([event.anchor, 1])
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, size = open_nodes.pop()
+                if anchor is not None:
+                    sizes[anchor] = size
+                add(size, 1, event.start_mark)  # its contents are counted already
+            elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+                size = sizes.get(event.anchor, 1) if isinstance(event, yaml.AliasEvent) else 1
+                if isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
+                    sizes[event.anchor] = 1
+                add(size, size, event.start_mark)
+    except yaml.YAMLError:
+        return  # the loader below reports it with its line
+
+
 def load(path: str | Path) -> Recipe:
     """Parse and validate a recipe file; raise UserError with one clear line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_RECIPE_BYTES + 1)
     except OSError as e:
         raise UserError(f"{path}: cannot read recipe ({e.strerror})") from None
+    if len(data) > MAX_RECIPE_BYTES:
+        raise UserError(f"{path}: over {MAX_RECIPE_BYTES >> 20} MiB; a recipe is a page of settings "
+                        f"(put data in data files and name them in data.sources)")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 (byte {e.start}); save the recipe as UTF-8") from None
+    bounded(path, text)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:

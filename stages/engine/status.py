@@ -54,6 +54,10 @@ def previous_inputs(st, recipe_name: str, stage: str) -> dict | None:
 
 
 def lines(recipe_name: str, table: dict) -> list[str]:
+    try:
+        graph.recipe(recipe_name)
+    except UserError as e:  # one line for a recipe that does not load, not one per stage
+        return [f"{recipe_name}: cannot build: {e}"]
     st, out, stale = graph.store(), [f"{recipe_name}:"], []
     for name, stage in table.items():
         waits = [up for up in stage.upstream if up in stale]
