@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -102,3 +103,21 @@ def build_beside(built: Path, tmp_path_factory, recipe: str) -> tuple[Path, Run]
 def fresh(tmp_path) -> Path:
     """A private copy of the project with an empty store."""
     return copy_project(tmp_path / "fresh")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    """moto's S3 server on 127.0.0.1 (as s3fs's own tests use it): an offline S3 for the remote cache."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

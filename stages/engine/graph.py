@@ -231,7 +231,7 @@ def is_built(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> bool:
         key = keys.key_of(key_inputs(recipe_name, stage, table))
     except (UserError, UndeclaredInput):
         return False  # let the action run and report it
-    if st.damage(stage.name, key) and not remote.fill(st, stage.name, key, f"{stage.name}:{recipe_name}"):
+    if st.damage(stage.name, key) and not remote.fill(st, stage.name, key, f"{stage.name}:{recipe_name}", table):
         return False
     st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
     return True

@@ -1,15 +1,23 @@
 """A remote cache of store entries at an fsspec URL (a directory, s3:// through s3fs), laid out as
 Bazel's remote cache is: cas/<ab>/<blake3> holds each file's bytes by content, and
-ac/<stage>/<key>.json (the key's sidecar: inputs, file digests, tree digest, the log's digest) is
-written last, so an entry is visible only once every byte it names is there. A push killed
-halfway leaves blobs no entry names yet, which the next push reuses. A fetched entry is
-installed only if its inputs hash to its key and every byte matches its digest.
+ac/<stage>/<key>.json (the key's sidecar: inputs, file digests and sizes, tree digest, the log's
+digest and size) is written last, so an entry is visible only once every byte it names is there.
+A push killed halfway leaves blobs no entry names yet, which the next push reuses.
+
+The remote is untrusted input (DESIGN.md, trust model): whoever can write it can recompute every
+hash, so an entry is read within a cap and checked for shape before any blob is fetched or anything
+written: its stage and key those of its path, `also` naming stages of the stage table, keys and
+digests of their exact hex form, each file path relative and inside its object, sizes declared and
+under a cap, then enforced while downloading. It is installed only if its inputs hash to its key
+and every byte matches its digest.
 """
 from __future__ import annotations
 
 import functools
 import json
+import ntpath
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -27,9 +35,140 @@ CHUNK = 8 << 20
 # a file is written beside its place and renamed into it.
 WHOLE_OR_NOTHING = {"s3", "s3a", "gs", "gcs", "az", "abfs", "memory"}
 
+# An entry is a key's inputs (recipe slice, code digests, versions: a few KB) and ~150 bytes per
+# file (its digest and size): tiny's are 1.5-3 KB, a model's checkpoint or shards a few dozen
+# files. 4 MiB holds some 25,000 files, and bounds what a hostile entry costs to parse (json.loads
+# of 4 MiB of `[{},{},...]` takes about 100 MB; the 400 MB entry of issue 36 took 860 MB).
+ENTRY_CAP = 4 << 20
+# One file of an artifact: the largest real ones are checkpoint weights, a few GB a shard (a whole
+# 405B-parameter bf16 model in one file is ~810 GB). 1 TiB is above any of them, so an entry may
+# not ask for more disk than any real artifact does.
+FILE_CAP = 1 << 40
+# Entries nest 7 levels (entry, sidecar, inputs, params, a recipe section, its options); 32 leaves
+# room for deeper recipes and stays far below Python's recursion limit, which key_of's json.dumps
+# of the inputs would otherwise meet.
+DEPTH_CAP = 32
+NAME_CAP = 255  # bytes in one path component: the longest file name Linux filesystems allow
+KEY = re.compile(r"[0-9a-f]{32}")  # keys.key_of: BLAKE3, 32 lowercase hex characters
+DIGEST = re.compile(r"[0-9a-f]{64}")  # a whole BLAKE3 hexdigest
+ENTRY_FIELDS = {"stage", "key", "sidecar", "sizes", "log", "also"}
+SIDECAR_FIELDS = {"inputs", "run", "files", "digest"}  # "run" (measurements) is optional
+NAMED = "a stage of the stage table with a key of 32 lowercase hex characters"
+
 
 class Rejected(UserError):
-    """A remote entry that does not match its key or its digests: not installed."""
+    """A remote entry that is malformed, or does not match its key or its digests: not installed."""
+
+
+def quoted(value) -> str:
+    """A value from an entry as an error line quotes it: escaped (a newline in it cannot end the line)
+    and short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def path_problem(rel: str) -> str | None:
+    """Why rel cannot name a file inside an object, None where it can: a relative POSIX path,
+    normalized, of printable characters, that no OS reads as absolute or on a drive."""
+    if not rel.isprintable():  # NUL, newline, other control characters, unpaired surrogates
+        return "holds an unprintable character"
+    if "\\" in rel:
+        return "holds a backslash"
+    if rel.startswith("/") or ntpath.splitdrive(rel)[0]:
+        return "is absolute or on a drive"
+    parts = rel.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "has an empty, . or .. part"
+    if any(len(part.encode()) > NAME_CAP for part in parts):
+        return f"has a part longer than {NAME_CAP} bytes"
+    return None
+
+
+def too_deep(value) -> bool:
+    """Whether a parsed JSON value nests more than DEPTH_CAP lists and objects, found with a stack of
+    iterators, not recursion, so that how deep it is cannot exhaust Python's stack."""
+    stack = [iter([value])]
+    while stack and len(stack) <= DEPTH_CAP + 1:
+        for item in stack[-1]:
+            if isinstance(item, (dict, list)):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                break
+        else:
+            stack.pop()
+    return bool(stack)
+
+
+def named(stage, key, stages) -> bool:
+    """Whether a (stage, key) read from the remote can name an entry: a stage of the stage table
+    (`stages`) and a key of the form keys.key_of gives, so that neither can lead out of the store."""
+    return isinstance(stage, str) and stage in stages and isinstance(key, str) and KEY.fullmatch(key) is not None
+
+
+def is_size(value) -> bool:
+    return type(value) is int and 0 <= value <= FILE_CAP
+
+
+def is_digest(value) -> bool:
+    return isinstance(value, str) and DIGEST.fullmatch(value) is not None
+
+
+def checked(data: bytes, stage: str, key: str, stages, where: str) -> dict:
+    """The entry read from `where` for (stage, key), once it has exactly the shape push writes: stage
+    and key those of its path, files at relative paths inside the object with 64-hex digests and
+    sizes up to FILE_CAP, `also` of stages in `stages` with 32-hex keys. Anything else is a one-line
+    Rejected naming `where`, raised before any blob is fetched or anything written."""
+    def refuse(problem: str, todo: str = "push it again from a store that has it intact") -> Rejected:
+        return Rejected(f"{where}: {problem}; not installed: {todo}")
+
+    try:
+        entry = json.loads(data)
+    except RecursionError:
+        raise refuse(f"nested deeper than {DEPTH_CAP} levels") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer longer than Python reads
+        raise refuse(f"not JSON ({quoted(str(e))})") from None
+    if too_deep(entry):
+        raise refuse(f"nested deeper than {DEPTH_CAP} levels")
+    if not isinstance(entry, dict):
+        raise refuse(f"not a JSON object but {quoted(entry)}")
+    if "sizes" not in entry:
+        raise refuse("it declares no file sizes (pushed by an earlier mindxtrain)", "push it again with this one")
+    if set(entry) != ENTRY_FIELDS:
+        raise refuse(f"its fields are {quoted(sorted(entry))}, not {sorted(ENTRY_FIELDS)}")
+    if entry["stage"] != stage or entry["key"] != key:
+        raise refuse(f"it says it is the entry of {quoted(entry['stage'])} {quoted(entry['key'])}")
+    meta, sizes, log, also = entry["sidecar"], entry["sizes"], entry["log"], entry["also"]
+    if not (isinstance(meta, dict) and SIDECAR_FIELDS - {"run"} <= set(meta) <= SIDECAR_FIELDS
+            and isinstance(meta["inputs"], dict) and isinstance(meta.get("run", {}), dict)
+            and isinstance(meta["files"], dict) and is_digest(meta["digest"])):
+        raise refuse("its sidecar is not an object of inputs, files, a digest (and run)")
+    files = meta["files"]
+    for rel, digest in files.items():
+        if problem := path_problem(rel):
+            raise refuse(f"the file path {quoted(rel)} {problem}")
+        if not is_digest(digest):
+            raise refuse(f"{quoted(rel)}'s digest {quoted(digest)} is not 64 lowercase hex characters")
+    folders = {"/".join(rel.split("/")[:n]) for rel in files for n in range(1, rel.count("/") + 1)}
+    if both := sorted(folders & files.keys()):
+        raise refuse(f"{quoted(both[0])} is both a file and a folder")
+    if not isinstance(sizes, dict) or sizes.keys() != files.keys():
+        raise refuse("its sizes do not name exactly its files")
+    if wrong := sorted(rel for rel, size in sizes.items() if not is_size(size)):
+        raise refuse(f"{quoted(wrong[0])}'s size {quoted(sizes[wrong[0]])} is not 0 to {FILE_CAP} bytes")
+    if log is not None and not (isinstance(log, dict) and set(log) == {"digest", "size"}
+                                and is_digest(log["digest"]) and is_size(log["size"])):
+        raise refuse(f"its log {quoted(log)} is not a digest and a size up to {FILE_CAP} bytes")
+    if not (isinstance(also, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in also)):
+        raise refuse("its also is not a list of [stage, key] pairs")
+    for other_stage, other_key in also:
+        if not named(other_stage, other_key, stages):
+            raise refuse(f"it names {quoted(other_stage)} {quoted(other_key)}, not {NAMED}")
+    try:
+        inputs_key = keys.key_of(meta["inputs"])
+    except ValueError:  # a string JSON holds but UTF-8 cannot (an unpaired surrogate)
+        inputs_key = None
+    if inputs_key != key or merkle(files) != meta["digest"]:
+        raise refuse(f"the entry does not match its key {key[:12]} (its inputs or digests were changed)")
+    return entry
 
 
 class Remote:
@@ -45,15 +184,31 @@ class Remote:
     def entry_path(self, stage: str, key: str) -> str:
         return f"{self.root}/ac/{stage}/{key}.json"
 
+    def where(self, stage: str, key: str) -> str:
+        """The entry's URL, as a one-line rejection names it."""
+        return f"{self.url.rstrip('/')}/ac/{stage}/{key}.json"
+
     def blob_path(self, digest: str) -> str:
         return f"{self.root}/cas/{digest[:2]}/{digest}"
 
-    def entry(self, stage: str, key: str) -> dict | None:
-        """The key's entry, or None where the remote has none."""
+    def read_entry(self, stage: str, key: str) -> bytes | None:
+        """The entry's bytes, or None where the remote has none. A non-file (a link to /dev/zero, a
+        FIFO) or one above ENTRY_CAP is refused unread, and no more than ENTRY_CAP + 1 bytes are read
+        in any case (a file can grow, or change, between the look and the read)."""
+        path, where = self.entry_path(stage, key), self.where(stage, key)
         try:
-            return json.loads(self.fs.cat_file(self.entry_path(stage, key)))
+            info = self.fs.info(path)
         except FileNotFoundError:
             return None
+        if info.get("type") != "file" or (info.get("size") or 0) > ENTRY_CAP:
+            raise Rejected(f"{where}: not a file of at most {ENTRY_CAP >> 20} MiB ({info.get('type')}, "
+                           f"{info.get('size')} bytes); not installed: push it again from a store that has it")
+        with self.fs.open(path, "rb") as f:
+            data = f.read(ENTRY_CAP + 1)
+        if len(data) > ENTRY_CAP:
+            raise Rejected(f"{where}: longer than {ENTRY_CAP >> 20} MiB; not installed: push it again from a "
+                           f"store that has it")
+        return data
 
     def has(self, stage: str, key: str) -> bool:
         return self.fs.exists(self.entry_path(stage, key))
@@ -71,73 +226,108 @@ class Remote:
         if target != path:
             self.fs.mv(target, path)
 
+    def file_size(self, path: str) -> int | None:
+        """The size of the regular file at path; None where there is none, or it is something else
+        (a link to a device, a FIFO, a directory)."""
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        return info.get("size") if info.get("type") == "file" else None
+
+    def holds(self, path: str, data: bytes) -> bool:
+        """Whether path is a file of exactly these bytes (read no further than their length)."""
+        if self.file_size(path) != len(data):
+            return False
+        with self.fs.open(path, "rb") as f:
+            return f.read(len(data)) == data
+
     def push(self, store: Store, stage: str, key: str, also: list[tuple[str, str]] = ()) -> tuple[int, int]:
-        """Upload a local entry's files the remote lacks, then its entry. Returns (files uploaded,
-        bytes uploaded). Pushing what is there already uploads nothing and rewrites nothing.
-        `also` names entries (pushed before this one) that a fetch of it installs with it."""
+        """Upload a local entry's files the remote lacks (or holds at another size: a truncated or
+        tampered copy), then its entry, with every file's size, which a fetch enforces. Returns
+        (files uploaded, bytes uploaded). Pushing what is there already uploads nothing and rewrites
+        nothing. `also` names entries (pushed before this one) that a fetch of it installs with it."""
         meta, obj = store.sidecar(stage, key), store.path(stage, key)
         log = obj.with_suffix(".log")
         blobs = {digest: obj / rel for rel, digest in meta["files"].items()}
-        log_digest = None
+        sizes = {rel: (obj / rel).stat().st_size for rel in meta["files"]}
+        log_blob = None
         if log.is_file():
-            log_digest = hash_file(log)
-            blobs[log_digest] = log
+            log_blob = {"digest": hash_file(log), "size": log.stat().st_size}
+            blobs[log_blob["digest"]] = log
+        entry = {"stage": stage, "key": key, "sidecar": meta, "sizes": sizes, "log": log_blob,
+                 "also": sorted(map(list, also))}
+        data = json.dumps(entry, indent=1, sort_keys=True).encode()
+        if len(data) > ENTRY_CAP or max(sizes.values(), default=0) > FILE_CAP:
+            raise UserError(f"push: {stage} {key[:12]} is larger than a fetch accepts (an entry of {len(data)} bytes, "
+                            f"at most {ENTRY_CAP}; files up to {FILE_CAP} bytes): raise ENTRY_CAP or FILE_CAP in "
+                            f"stages/engine/remote.py, with the reason")
         sent = size = 0
         for digest, local in sorted(blobs.items()):
-            if not self.fs.exists(self.blob_path(digest)):
+            if self.file_size(self.blob_path(digest)) != local.stat().st_size:
                 self._put(local, None, self.blob_path(digest))
                 sent, size = sent + 1, size + local.stat().st_size
-        entry = {"stage": stage, "key": key, "sidecar": meta, "log": log_digest, "also": sorted(map(list, also))}
-        if self.entry(stage, key) != entry:
-            self._put(None, json.dumps(entry, indent=1, sort_keys=True).encode(), self.entry_path(stage, key))
+        if not self.holds(self.entry_path(stage, key), data):
+            self._put(None, data, self.entry_path(stage, key))
         return sent, size
 
-    def _download(self, digest: str, dest: Path, what: str) -> None:
-        """Copy a blob to dest, hashing it on the way; Rejected if its bytes are not its digest."""
-        h = blake3.blake3()
+    def _download(self, digest: str, size: int, dest: Path, what: str) -> None:
+        """Copy a blob of `size` bytes (as its entry declares) to dest, hashing it on the way; Rejected
+        if it is not a file of that size, or its bytes are not its digest. Never reads more than size + 1
+        bytes, whatever the remote says its size is (a link to /dev/zero says 0)."""
+        path, h, got = self.blob_path(digest), blake3.blake3(), 0
         try:
-            with self.fs.open(self.blob_path(digest), "rb") as src, open(dest, "wb") as out:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
+            info = self.fs.info(path)
         except FileNotFoundError:
             raise Rejected(f"{what}: its content {digest[:12]} is missing from the remote {self.url}; "
                            f"not installed: push it again from a store that has it") from None
-        if h.hexdigest() != digest:
-            raise Rejected(f"{what} differs in the remote {self.url} (blake3 {h.hexdigest()[:12]}, expected "
-                           f"{digest[:12]}); not installed: push it again from a store that has it intact")
+        if info.get("type") != "file" or info.get("size") != size:
+            raise Rejected(f"{what}: its content {digest[:12]} in the remote {self.url} is not a file of the {size} "
+                           f"bytes declared (a {info.get('type')} of {info.get('size')} bytes); not installed: "
+                           f"push it again from a store that has it intact")
+        with self.fs.open(path, "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(min(CHUNK, size + 1 - got)):
+                got += len(chunk)
+                if got > size:
+                    raise Rejected(f"{what}: its content {digest[:12]} in the remote {self.url} runs past the {size} "
+                                   f"bytes declared; not installed: push it again from a store that has it intact")
+                h.update(chunk)
+                out.write(chunk)
+        if got < size or h.hexdigest() != digest:
+            raise Rejected(f"{what} differs in the remote {self.url} ({got} bytes, blake3 {h.hexdigest()[:12]}; "
+                           f"expected {size}, {digest[:12]}); not installed: push it again from a store that has it "
+                           f"intact")
 
-    def fetch(self, store: Store, stage: str, key: str, waiting=lambda: None) -> bool:
-        """Install the remote's entry for (stage, key) into the store, checked byte for byte before
-        it is committed; False where the remote has none. Under the store's build lock, so a build
-        of the same key elsewhere waits for it (or it for the build)."""
-        entry = self.entry(stage, key)
-        if entry is None:
+    def fetch(self, store: Store, stage: str, key: str, stages, waiting=lambda: None) -> bool:
+        """Install the remote's entry for (stage, key) into the store, its shape checked before any blob
+        is fetched (`stages`: the stage table's names, the only ones its `also` may name) and its bytes
+        checked before it is committed; False where the remote has none. Under the store's build lock,
+        so a build of the same key elsewhere waits for it (or it for the build)."""
+        where = self.where(stage, key)
+        data = self.read_entry(stage, key)
+        if data is None:
             return False
-        meta, where = entry.get("sidecar") or {}, f"{self.url.rstrip('/')}/ac/{stage}/{key}.json"
-        files = meta.get("files") or {}
-        if entry.get("key") != key or keys.key_of(meta.get("inputs")) != key or merkle(files) != meta.get("digest"):
-            raise Rejected(f"{where}: the entry does not match its key {key[:12]} (its inputs or digests were "
-                           f"changed); not installed: push it again from a store that has it intact")
+        entry = checked(data, stage, key, stages, where)
+        meta = entry["sidecar"]
         with store.building(stage, key, waiting):
             if not store.damage(stage, key):
                 return True  # installed meanwhile, by another pull or a build
             tmp = store.temp_dir(stage, key)
             log = tmp.with_suffix(".log")
             try:
-                for rel, digest in sorted(files.items()):
+                for rel, digest in sorted(meta["files"].items()):
                     (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                    self._download(digest, tmp / rel, f"{where}: {rel}")
-                if entry.get("log"):
-                    self._download(entry["log"], log, f"{where}: its log")
+                    self._download(digest, entry["sizes"][rel], tmp / rel, f"{where}: {rel}")
+                if entry["log"]:
+                    self._download(entry["log"]["digest"], entry["log"]["size"], log, f"{where}: its log")
                 store.commit(stage, key, tmp, {k: v for k, v in meta.items() if k not in ("files", "digest")})
                 if log.exists():
                     log.replace(store.path(stage, key).with_suffix(".log"))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
                 log.unlink(missing_ok=True)
-        for other_stage, other_key in entry.get("also") or []:
-            if not self.fetch(store, other_stage, other_key, waiting):
+        for other_stage, other_key in entry["also"]:
+            if not self.fetch(store, other_stage, other_key, stages, waiting):
                 raise Rejected(f"{where}: names {other_stage} {other_key[:12]}, which the remote lacks: "
                                f"push it again from the store that built it")
         return True
@@ -156,16 +346,17 @@ def configured(url: str | None = None) -> Remote:
     return remote(url)
 
 
-def fill(store: Store, stage: str, key: str, label: str) -> bool:
+def fill(store: Store, stage: str, key: str, label: str, stages) -> bool:
     """A local miss tried in the remote MINDXTRAIN_REMOTE names before building: True once the
-    entry is installed. A remote that cannot be read, or an entry it rejects, never fails the
-    build: it says so in one line and the stage builds locally."""
+    entry is installed (`stages`: the stage table's names, as fetch takes them). A remote that
+    cannot be read, or an entry it rejects, never fails the build: it says so in one line and the
+    stage builds locally."""
     url = os.environ.get(SETTING)
     if not url:
         return False
     try:
-        got = remote(url).fetch(store, stage, key, lambda: print(f"{label}: another process is installing "
-                                                                  f"{key[:12]}; waiting", flush=True))
+        waiting = lambda: print(f"{label}: another process is installing {key[:12]}; waiting", flush=True)  # noqa: E731
+        got = remote(url).fetch(store, stage, key, stages, waiting)
     except Rejected as e:
         print(f"{label}: remote entry rejected: {e}; building it here", flush=True)
         return False

@@ -36,6 +36,23 @@ def named_by_manifest(recipe_name: str) -> list[tuple[str, str]]:
     return [(name, art["key"]) for name, art in manifest["artifacts"].items()]
 
 
+def named_by_pulled_manifest(rem, recipe_name: str, table: dict) -> list[tuple[str, str]]:
+    """named_by_manifest for a manifest the remote gave, whose names are data to check as an entry's
+    `also` is: each a stage of the table with a key's form, else a one-line Rejected naming the entry."""
+    where = rem.where("manifest", graph.store().pointer(recipe_name, "manifest")["key"])
+    try:
+        named = named_by_manifest(recipe_name)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        raise remote.Rejected(f"{where}: its manifest.json is not a manifest ({type(e).__name__}); nothing fetched "
+                              f"for it: push it again from a store that has it intact") from None
+    for name, key in named:
+        if not remote.named(name, key, table):
+            raise remote.Rejected(f"{where}: its manifest names {remote.quoted(name)} {remote.quoted(key)}, not "
+                                  f"{remote.NAMED}; nothing fetched for it: push it again from a store that has it "
+                                  f"intact")
+    return named
+
+
 def push(recipe_name: str, table: dict, remote_url: str = ""):
     st = graph.store()
     try:
@@ -59,14 +76,15 @@ def push(recipe_name: str, table: dict, remote_url: str = ""):
     return None
 
 
-def install(rem, recipe_name: str, name: str, key: str) -> bool:
-    """One entry from the remote into the store, unless it is there; False where the remote lacks it."""
+def install(rem, recipe_name: str, name: str, key: str, table: dict) -> bool:
+    """One entry from the remote into the store, unless it is there; False where the remote lacks it.
+    The remote is untrusted: the stage table says which stages an entry may name."""
     st = graph.store()
     if not st.damage(name, key):
         print(f"{name}:{recipe_name}: {key[:12]} already in the store", flush=True)
         return True
-    if rem.fetch(st, name, key, lambda: print(f"{name}:{recipe_name}: another process is installing "
-                                              f"{key[:12]}; waiting", flush=True)):
+    if rem.fetch(st, name, key, table, lambda: print(f"{name}:{recipe_name}: another process is installing "
+                                                     f"{key[:12]}; waiting", flush=True)):
         print(f"{name}:{recipe_name}: {key[:12]} pulled", flush=True)
         return True
     return False
@@ -78,12 +96,12 @@ def pull(recipe_name: str, table: dict, remote_url: str = ""):
         rem = remote.configured(remote_url)
         for name, stage in table.items():
             key = keys.key_of(graph.key_inputs(recipe_name, stage, table))
-            if not install(rem, recipe_name, name, key):
+            if not install(rem, recipe_name, name, key, table):
                 return TaskFailed(f"pull:{recipe_name}: {name} ({key[:12]}) is not in the remote {rem.url}; "
                                   f"build it with doit manifest:{recipe_name} (and push it)")
             st.set_pointer(recipe_name, name, key, st.sidecar(name, key)["digest"])
-        for name, key in named_by_manifest(recipe_name):
-            if not install(rem, recipe_name, name, key):
+        for name, key in named_by_pulled_manifest(rem, recipe_name, table):
+            if not install(rem, recipe_name, name, key, table):
                 return TaskFailed(f"pull:{recipe_name}: the manifest names {name} {key[:12]}, which is not in the "
                                   f"remote {rem.url}: push it from the store that built it")
     except UserError as e:
