@@ -3,11 +3,12 @@ decisions, package versions and hardware facts, each quantized export's scheme a
 config.json states it, and the eval stage's scores (each method's own metrics among them), in
 one canonical JSON file.
 
-Built only from deterministic content, so two clean builds give the same manifest. The
-versions it records are its own key's (the stage table's RECEIPT_PACKAGES), so a new
-version of any of them makes a new receipt. The recipe's anchor: section is left out: where
-the receipt is anchored is no part of what it proves (anchor.json says it), so editing it
-gives the same manifest, and an RPC URL never lands in the receipt.
+Built only from deterministic content, so two clean builds give the same manifest. It is
+self-consistent: each artifact's entry holds the inputs its key is the hash of, and the
+manifest's own inputs are its fields `recipe` (every section but anchor: where the receipt is
+anchored is no part of what it proves, and an RPC URL never lands in it), `code`, `upstream` and
+`versions` (the stage table's RECEIPT_PACKAGES), so `doit verify` recomputes every key from the
+receipt itself (stages/engine/receipt.py).
 """
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ from stages.model.quantize import described
 
 
 def build(ctx, out: Path) -> None:
-    artifacts = {stage: {"key": a["key"], "digest": a["digest"], "files": a["files"]}
+    artifacts = {stage: {"key": a["key"], "digest": a["digest"], "files": a["files"], "inputs": a["inputs"]}
                  for stage, a in ctx.artifacts.items()}
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())
     scores = json.loads((ctx.upstream["eval"] / "eval.json").read_text())
     manifest = {
         "eval": {m: scores[m] for m in ("base", "trained", "quantized", "gain") if m in scores},
         "recipe_name": ctx.recipe_name,
-        "recipe": ctx.recipe.model_dump(mode="json", exclude={"anchor"}),
+        "recipe": ctx.inputs["params"],
+        "code": ctx.inputs["code"],
+        "upstream": ctx.inputs["upstream"],
+        "versions": ctx.inputs["env"],
         "artifacts": artifacts,
         "plan": plan["decisions"],
         "hardware": plan["facts"],
-        "versions": ctx.inputs["env"],
         "quantized": {d.name: described(json.loads((d / "config.json").read_text())["quantization_config"])
                       for d in sorted(ctx.upstream["quantized"].iterdir()) if d.is_dir()},
     }

@@ -11,11 +11,14 @@ beside the others and add its row here; dodo.py makes a task of every row.
 from __future__ import annotations
 
 from stages.engine.graph import Stage
+from stages.engine.recipe import Recipe
 
 MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "tokenizer*",
                "chat_template.jinja", "special_tokens_map.json")
 TOKENIZER_FILES = ("tokenizer*", "chat_template.jinja", "special_tokens_map.json")
 TRAINED = ("model/*", "adapter/*")
+# the recipe as the receipt records it: where it is anchored is no part of what it proves
+RECEIPT_SECTIONS = tuple(name for name in Recipe.model_fields if name != "anchor")
 RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "datasets",
                     "lm-eval", "amd-quark", "safetensors", "blake3", "doit", "pydantic")
 
@@ -43,7 +46,7 @@ STAGES = {s.name: s for s in [
            "shards": ("heldout/*",)},
           ("torch", "transformers", "peft", "lm-eval", "amd-quark", "datasets"),
           "eval.json from lm-eval: base, trained and each quantized model scored and sized"),
-    Stage("manifest", "stages.manifest", ("",),
+    Stage("manifest", "stages.manifest", RECEIPT_SECTIONS,
           {s: ("*",) for s in ("base", "plan", "shards", "checkpoint", "quantized", "eval")},
           RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything"),
     Stage("anchor", "stages.anchor", ("anchor.registry", "anchor.chain_id"), {"manifest": ("manifest.json",)}, (),

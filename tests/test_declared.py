@@ -25,7 +25,10 @@ TINY_LORA = yaml.safe_load((REPO / "recipes" / "tiny_lora.yaml").read_text())
 HUB_MODEL = {**TINY, "model": {"hub": "Qwen/Qwen3-0.6B", "revision": "c1899de289a04d12100db370d81485cdf75e47ca"}}
 PATH_MODEL = {**TINY, "model": {"path": "models/qwen3"}}
 HUB_DATA = {**TINY, "data": {**TINY["data"], "sources": [{"hub": "openai/gsm8k", "revision": "e53f048856ff4f594e959d75785d2c2d37b678ee", "subset": "main"}]}}
-BASES = {"tiny": TINY, "tiny_lora": TINY_LORA, "hub_model": HUB_MODEL, "path_model": PATH_MODEL, "hub_data": HUB_DATA}
+# a registry is pinned with its chain (one without the other does not validate)
+ANCHORED = {**TINY, "anchor": {"registry": "0x5FbDB2315678afecb367f032d93F642f64180aa3", "chain_id": 31337}}
+BASES = {"tiny": TINY, "tiny_lora": TINY_LORA, "hub_model": HUB_MODEL, "path_model": PATH_MODEL, "hub_data": HUB_DATA,
+         "anchored": ANCHORED}
 
 
 def test_a_view_holds_only_the_declared_fields():

@@ -89,15 +89,20 @@ def anchoring(w3: Web3, address: str, digest: bytes) -> dict | None:
     return {**found, "tx_hash": tx.to_0x_hex(), "gas_used": w3.eth.get_transaction_receipt(tx)["gasUsed"]}
 
 
-def check(w3: Web3, anchored: dict, digest: str) -> tuple[list[str], str | None]:
-    """The chain's word on a manifest whose digest (hex, computed from its bytes) anchor.json
-    says is anchored: (problems, a note saying where it is anchored)."""
-    where = f"registry {anchored['registry']} on chain {anchored['chain_id']}"
-    on_chain = anchoring(w3, anchored["registry"], bytes.fromhex(digest))
+def check(w3: Web3, address: str, anchored: dict, digest: str, trusted: list[str]) -> tuple[list[str], str | None]:
+    """The chain's word on a manifest whose digest (hex, computed from its bytes) anchor.json says
+    is anchored in the pinned registry `address`: (problems, a note saying where and by whom). The
+    record must be the chain's, and its submitter one of `trusted`: anyone can anchor a digest."""
+    where = f"registry {address} on chain {w3.eth.chain_id}"
+    on_chain = anchoring(w3, address, bytes.fromhex(digest))
     if on_chain is None:
-        return [f"this manifest's digest {digest[:16]} is not anchored in {where} (anchor.json says "
-                f"{anchored['digest'][2:18]} was, in {anchored['tx_hash']}); if you rebuilt it, run doit anchor"], None
-    if "0x" + digest != anchored["digest"] or any(on_chain[k] != anchored[k] for k in on_chain):
+        return [f"this manifest's digest {digest[:16]} is not anchored in {where}, though anchor.json says it is "
+                f"(tx {anchored.get('tx_hash')})"], None
+    if on_chain["submitter"] not in trusted:
+        return [f"{digest[:16]} was anchored in {where} by {on_chain['submitter']}, who is not trusted to anchor "
+                f"there (ops/anchor.yaml)"], None
+    if any(on_chain[k] != anchored.get(k) for k in on_chain):
         return [f"the chain's record of {digest[:16]} in {where} (tx {on_chain['tx_hash']}) is not the one "
-                f"anchor.json holds (tx {anchored['tx_hash']}); run doit anchor to record the chain's"], None
-    return [], f"anchored in {where}, block {on_chain['block_number']} (tx {on_chain['tx_hash']})"
+                f"anchor.json holds (tx {anchored.get('tx_hash')})"], None
+    return [], (f"anchored in {where} by {on_chain['submitter']} (trusted), block {on_chain['block_number']} "
+                f"(tx {on_chain['tx_hash']})")

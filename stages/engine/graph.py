@@ -121,7 +121,8 @@ def versions(packages) -> dict[str, str]:
 class Context:
     """What a stage's build function gets: its declared inputs only (the recipe as a view of
     its declared fields, each upstream artifact as a directory of its declared files), never
-    the store to mutate (except through `cached`, which adds whole, content-keyed objects)."""
+    the store to mutate (except through `cached`, which adds whole, content-keyed objects).
+    `artifacts` holds each upstream's key, digest, declared files' hashes and key inputs."""
     recipe_name: str
     recipe: Recipe
     root: Path
@@ -161,7 +162,8 @@ def upstream_artifacts(recipe_name: str, stage: Stage, table: dict[str, Stage]) 
         meta = ptr and st.sidecar(up, ptr["key"])
         if meta is None:
             raise UserError(f"{stage.name}:{recipe_name}: upstream {up} is not built; run doit {up}:{recipe_name}")
-        found[up] = {"key": ptr["key"], "digest": meta["digest"], "files": select(meta["files"], patterns)}
+        found[up] = {"key": ptr["key"], "digest": meta["digest"], "files": select(meta["files"], patterns),
+                     "inputs": meta["inputs"]}
     for up, patterns in stage.optional.items():
         built = built_for(recipe_name, table[up], table)
         if built is not None:
@@ -194,7 +196,7 @@ def built_for(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> dict |
         return None
     if any(meta["inputs"].get(part) != digests for part, digests in now.items()):
         return None
-    return {"key": ptr["key"], "digest": meta["digest"], "files": meta["files"]}
+    return {"key": ptr["key"], "digest": meta["digest"], "files": meta["files"], "inputs": meta["inputs"]}
 
 
 def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Recipe | None = None,
@@ -296,6 +298,16 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
                           f"and nothing is lost: {STORAGE_ADVICE[problem]}, then run again")
 
 
+def context(recipe_name: str, stage: Stage, full: Recipe, inputs: dict, key: str, artifacts: dict[str, dict],
+            view: Path, log: logging.Logger) -> Context:
+    """A build's Context: the recipe as the stage declares it, and under `view` a directory per
+    upstream artifact holding links to its declared files."""
+    st = store()
+    upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
+    return Context(recipe_name, recipe_view(full, stage.params + stage.settings, stage.name), ROOT, key, inputs,
+                   upstream, artifacts, st.work_dir(stage.name, key), log)
+
+
 def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict]) -> None:
     """Build the stage's artifact for this key (its lock held) from the upstream artifacts its
     key was computed from, and commit it."""
@@ -305,9 +317,7 @@ def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts:
     try:
         log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
         log.info("building %s:%s key=%s", stage.name, recipe_name, key)
-        upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
-        ctx = Context(recipe_name, recipe_view(recipe(recipe_name), stage.params + stage.settings, stage.name), ROOT, key,
-                      inputs, upstream, artifacts, st.work_dir(stage.name, key), log)
+        ctx = context(recipe_name, stage, recipe(recipe_name), inputs, key, artifacts, view, log)
         start = time.time()
         module(stage).build(ctx, tmp)
         ctx.run["seconds"] = round(time.time() - start, 3)
@@ -373,14 +383,18 @@ class Reporter(ConsoleReporter):
 
     def add_success(self, task):
         super().add_success(task)
-        self.rows.append((task.name, "built", time.time() - self.started.get(task.name, time.time())))
+        self.rows.append((task.name, "built", self.took(task)))
 
     def add_failure(self, task, fail):
         if isinstance(fail, TaskFailed) and fail.report and not fail.traceback:  # bad input: one line, no traceback
             self.write(f"error: {fail.message}\n")
         else:
             super().add_failure(task, fail)
-        self.rows.append((task.name, "FAILED", time.time() - self.started.get(task.name, time.time())))
+        self.rows.append((task.name, "FAILED", self.took(task)))
+
+    def took(self, task) -> float | None:
+        """Seconds since the task began; None for one that never ran (its dependency failed)."""
+        return time.time() - self.started[task.name] if task.name in self.started else None
 
     def skip_uptodate(self, task):
         super().skip_uptodate(task)

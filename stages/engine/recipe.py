@@ -209,16 +209,26 @@ class ServeSection(Section):
 
 
 class AnchorSection(Section):
-    """Where `doit anchor:<recipe>` records the manifest's digest: a registry contract
-    (contracts/AnchorRegistry.sol) on the chain `chain_id`, reached at `rpc_url`. Each of these
-    may come from the environment instead (MINDXTRAIN_ANCHOR_RPC_URL, _REGISTRY, _CHAIN_ID,
-    _KEYSTORE). The signing key is never here: MINDXTRAIN_ANCHOR_KEY, or the encrypted keystore
-    file `keystore` names with its password in MINDXTRAIN_ANCHOR_PASSWORD."""
+    """Whether and where `doit anchor:<recipe>` records the manifest's digest. A recipe anchors
+    only if it names `registry` (a registry contract, contracts/AnchorRegistry.sol) and its
+    `chain_id`: pinned here, in committed config, because `doit verify` trusts these and not
+    what anchor.json says; ops/anchor.yaml pins the accounts trusted to anchor in that registry
+    (docs/anchoring.md). For one shell the environment overrides a value given here
+    (MINDXTRAIN_ANCHOR_REGISTRY, _CHAIN_ID, _RPC_URL, _KEYSTORE). The signing key is never here:
+    MINDXTRAIN_ANCHOR_KEY, or the encrypted keystore file `keystore` names with its password in
+    MINDXTRAIN_ANCHOR_PASSWORD."""
     rpc_url: Optional[str] = None
-    registry: Optional[str] = None  # the contract's address, 0x and 40 hex digits
-    chain_id: Optional[int] = Field(None, gt=0)  # the node must be on this chain
+    registry: Optional[str] = None  # the contract's address, 0x and 40 hex digits; none: not anchored
+    chain_id: Optional[int] = Field(None, gt=0)  # the registry's chain: the node must be on it
     keystore: Optional[str] = None  # an encrypted JSON keystore (Ethereum's Web3 Secret Storage)
     uri: str = ""  # recorded on chain beside the digest: where the artifacts can be found
+
+    @model_validator(mode="after")
+    def both_pinned(self):
+        if (self.registry is None) != (self.chain_id is None):
+            raise ValueError("give registry and chain_id together (the registry's address and the chain it is "
+                             "on), or neither for a recipe that is not anchored")
+        return self
 
 
 class ChecksSection(Section):

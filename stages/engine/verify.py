@@ -1,11 +1,17 @@
 """verify: re-hash every file of every artifact a manifest names and compare.
 
-`doit verify` checks every recipe that has been built, `doit verify:tiny` one
-(and fails if it has no manifest). By default the stat cache answers for files whose
-(size, mtime, ctime, inode) are unchanged; `--full` (or MINDXTRAIN_VERIFY_FULL=1) re-reads
-every byte. A stage after the manifest whose module has verify(recipe, artifact, digest) checks
-the receipt against the world too (anchor: the digest recorded on chain must be this
-manifest's, computed from its bytes), wherever the recipe has built it.
+Then the receipt must be self-consistent: every key it names the hash of the inputs it records,
+those its own recipe and upstream digests, and manifest.json what the manifest stage makes of
+them (stages/engine/receipt.py), so an edit with the store's record of the bytes recomputed fails.
+
+`doit verify` checks every recipe that has been built, goes on past one that fails, and fails at
+the end with a count of them; `doit verify:tiny` checks one (and fails if it has no manifest).
+By default the stat cache answers for files whose (size, mtime, ctime, inode) are unchanged;
+`--full` (or MINDXTRAIN_VERIFY_FULL=1) re-reads every byte. A stage after the manifest whose
+module has verify() checks the receipt against the world too (anchor: a recipe that pins a
+registry must have this manifest's digest, computed from its bytes, anchored there by a trusted
+account). With no node to ask, that check says the chain was not checked; `--require-anchor`
+(or MINDXTRAIN_VERIFY_REQUIRE_ANCHOR=1) makes it a failure.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import sys
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph
+from stages.engine import graph, receipt
 from stages.engine.declared import recipe_view
 from stages.engine.errors import UserError
 from stages.engine.store import hash_file, list_files, merkle
@@ -37,10 +43,20 @@ def problems(recipe_name: str, full: bool) -> list[str]:
     return found
 
 
-def outside_checks(recipe_name: str, table: dict, full: bool) -> tuple[list[str], list[str]]:
-    """(problems, notes) of the stages built after the manifest that check it against the world:
-    each one's artifact re-hashed, then its module's verify(recipe, artifact, digest), given the
-    manifest's digest computed from its bytes (not from the store's record of them)."""
+def self_consistent(recipe_name: str, table: dict) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the receipt itself: every key it names is what its recorded inputs
+    hash to, and those are its recipe and upstream digests (stages/engine/receipt.py)."""
+    key = graph.store().pointer(recipe_name, "manifest")["key"]
+    text = (graph.store().path("manifest", key) / "manifest.json").read_text()
+    found, notes = receipt.problems(recipe_name, key, text, table)
+    return [f"{recipe_name}: {line}" for line in found], [f"{recipe_name}: {line}" for line in notes]
+
+
+def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bool) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the stages after the manifest that check it against the world: each
+    one's artifact re-hashed where the recipe has one, then its module's verify(), given the
+    artifact (None where there is none: whether that is a problem is the module's to say) and
+    the manifest's digest computed from its bytes (not from the store's record of them)."""
     st, found, notes = graph.store(), [], []
     ptr = st.pointer(recipe_name, "manifest")
     obj = st.path("manifest", ptr["key"])
@@ -50,17 +66,19 @@ def outside_checks(recipe_name: str, table: dict, full: bool) -> tuple[list[str]
         return [], []  # no manifest to check against the world (the store's checks say why)
     digest = merkle({rel: hash_file(obj / rel) for rel in list_files(obj)})
     for name, stage in table.items():
-        own = st.pointer(recipe_name, name)
-        check = own and name not in covered and getattr(graph.module(stage), "verify", None)
+        check = name not in covered and getattr(graph.module(stage), "verify", None)
         if not check:
             continue
-        damage = [f"{recipe_name}: {name}: {p}" for p in st.damage(name, own["key"], full=full)]
+        own = st.pointer(recipe_name, name)
+        damage = [f"{recipe_name}: {name}: {p}" for p in st.damage(name, own["key"], full=full)] if own else []
         if damage:
             found += damage
             continue
         try:
             view = recipe_view(graph.recipe(recipe_name), stage.params + stage.settings, name)
-            bad, note = check(view, st.path(name, own["key"]), digest)
+            artifact = own and st.path(name, own["key"])
+            bad, note = check(view, recipe_name=recipe_name, root=graph.ROOT, artifact=artifact, digest=digest,
+                              require_anchor=require_anchor)
         except UserError as e:
             bad, note = [str(e)], None
         found += [f"{recipe_name}: {name}: {line}" for line in bad]
@@ -68,31 +86,66 @@ def outside_checks(recipe_name: str, table: dict, full: bool) -> tuple[list[str]
     return found, notes
 
 
-def run(recipe_name: str, required: bool, table: dict, full: bool):
+def run(recipe_name: str, named: bool, table: dict, full: bool, require_anchor: bool):
+    """verify:<recipe>'s action. Named on the command line, it fails on a problem (and on a
+    recipe never built); under plain `doit verify` it prints the problems and records the
+    outcome instead, so that every recipe is checked and the last task fails with the count."""
     full = full or os.environ.get("MINDXTRAIN_VERIFY_FULL") == "1"
-    if not required and graph.store().pointer(recipe_name, "manifest") is None:
+    require_anchor = require_anchor or os.environ.get("MINDXTRAIN_VERIFY_REQUIRE_ANCHOR") == "1"
+    if not named and graph.store().pointer(recipe_name, "manifest") is None:
         print(f"verify: {recipe_name}: never built, nothing to check")
-        return None
-    found = problems(recipe_name, full)
-    outside, notes = outside_checks(recipe_name, table, full) if graph.store().pointer(recipe_name, "manifest") else ([], [])
+        return {"outcome": "never built"}
+    found, notes = problems(recipe_name, full), []
+    if not found:  # the receipt's bytes are intact: is it self-consistent, and anchored where it should be
+        found, notes = self_consistent(recipe_name, table)
+    outside = []
+    if not found:
+        outside, more = outside_checks(recipe_name, table, full, require_anchor)
+        notes += more
     if found or outside:
-        return TaskFailed("\n".join(f"verify: {line}" for line in found + outside))
+        lines = "\n".join(f"verify: {line}" for line in found + outside)
+        if named:
+            return TaskFailed(lines)
+        print(lines)
+        return {"outcome": "failed"}
     print(f"verify: {recipe_name}: intact ({'every byte re-read' if full else 'stat cache'})")
     for note in notes:
         print(f"verify: {note}")
+    return {"outcome": "intact"}
+
+
+def count(**outcomes):
+    """The last task of plain `doit verify`: one line, failing if any recipe failed."""
+    failed = sorted(name for name, outcome in outcomes.items() if outcome == "failed")
+    built = sum(outcome != "never built" for outcome in outcomes.values())
+    recipes = f"{built} built recipe{'s' if built != 1 else ''}"
+    if failed:
+        return TaskFailed(f"verify: {len(failed)} of {recipes} failed ({', '.join(failed)}); their lines are above")
+    print(f"verify: {recipes} intact" if built else "verify: no recipe is built yet")
 
 
 def tasks(table: dict):
-    # `doit verify` checks every recipe that has been built; naming one
-    # (`doit verify:tiny_lora`) requires its manifest to exist.
+    # `doit verify` checks every recipe that has been built, then counts the failures
+    # (verify:+all, a name no recipe can have); naming one (`doit verify:tiny_lora`) requires its
+    # manifest to exist and fails at once.
     named = {arg.split(":", 1)[1] for arg in sys.argv[1:] if arg.startswith("verify:")}
+    names = graph.recipe_names()
     yield {"basename": "verify", "name": None, "doc": "re-hash every artifact against its manifest"}
-    for name in graph.recipe_names():
+    for name in names:
         yield {
             "name": name,
             "actions": [(run, [name, name in named, table])],
             "params": [{"name": "full", "long": "full", "type": bool, "default": False,
-                        "help": "re-read every byte instead of trusting the stat cache"}],
+                        "help": "re-read every byte instead of trusting the stat cache"},
+                       {"name": "require_anchor", "long": "require-anchor", "type": bool, "default": False,
+                        "help": "fail, instead of saying so, where an anchored recipe's chain cannot be read"}],
             "uptodate": [False],
             "verbosity": 2,
         }
+    yield {
+        "name": "+all",
+        "actions": [count],
+        "getargs": {name: (f"verify:{name}", "outcome") for name in names},
+        "uptodate": [False],
+        "verbosity": 2,
+    }
