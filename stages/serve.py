@@ -6,8 +6,9 @@ recipe's current manifest. Before loading anything it checks every file of the a
 loads from against the manifest (the stat cache, or every byte with --full) and refuses in one
 line naming the first that differs. The model's id is the recipe and a prefix of the manifest's
 digest. vLLM serves it where vLLM and a GPU are present (serve.engine auto or vllm); elsewhere
-a FastAPI app over transformers' generation (stages/serving/). SIGTERM or Ctrl-C stops it
-cleanly. It does not build: run `doit manifest:<recipe>` first.
+a FastAPI app over transformers' generation (stages/serving/), which bounds what clients send
+(its limits are on the startup line; --time-limit sets how long one generation may hold the
+model). SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recipe>` first.
 """
 from __future__ import annotations
 
@@ -56,15 +57,16 @@ def engine(recipe_name: str, wanted: str) -> str:
     return "vllm" if wanted == "vllm" or (wanted == "auto" and present) else "transformers"
 
 
-def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: int):
+def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: int, time_limit: float | None):
     import uvicorn
 
-    from stages.serving.app import build_app
+    from stages.serving.app import TIME_LIMIT_S, build_app
     from stages.serving.model import ServedModel
 
-    app = build_app(ServedModel(s), s.model_id, {"manifest": digest})
+    app = build_app(ServedModel(s), s.model_id, {"manifest": digest}, time_limit or TIME_LIMIT_S)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
-    print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers)", flush=True)
+    print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers; limits: {app.state.limits})",
+          flush=True)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again: these
     # handlers take it then, so the action ends normally (exit 0) instead of being killed.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -93,17 +95,20 @@ def on_vllm(recipe_name: str, s: Served, host: str, port: int):
     return None if rc in (0, -signal.SIGTERM, -signal.SIGINT) else TaskFailed(f"serve:{recipe_name}: vllm exited {rc}")
 
 
-def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool, scheme: str | None):
+def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool, scheme: str | None,
+        time_limit: float | None):
     try:
         r = graph.recipe(recipe_name)
         s, digest = checked(recipe_name, quantized, full, scheme)
         backend = engine(recipe_name, r.serve.engine)
     except UserError as e:
         return TaskFailed(str(e))
+    if time_limit is not None and time_limit <= 0:
+        return TaskFailed(f"serve:{recipe_name}: --time-limit is seconds, more than 0 (not {time_limit:g})")
     host, port = host or r.serve.host, port or r.serve.port
     if backend == "vllm":
         return on_vllm(recipe_name, s, host, port)
-    return on_transformers(recipe_name, s, digest, host, port)
+    return on_transformers(recipe_name, s, digest, host, port, time_limit)
 
 
 def tasks():
@@ -122,5 +127,8 @@ def tasks():
                  "help": "with --quantized: which scheme's export (default: the first quantize.scheme lists)"},
                 {"name": "full", "long": "full", "type": bool, "default": False,
                  "help": "re-read every byte of what is served instead of trusting the stat cache"},
+                {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
+                 "help": "seconds one generation may hold the model before it is cut short, finish_reason length "
+                         "(transformers engine; default 60)"},
             ],
         }

@@ -18,14 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import NO_NETWORK, doit
+from conftest import NO_NETWORK, doit, free_port
 from stages.engine.recipe import load
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def client(port: int) -> openai.OpenAI:

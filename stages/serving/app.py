@@ -2,9 +2,23 @@
 validates each request), sse-starlette for streaming, uvicorn to run it. /v1/models lists the
 one model under its id (recipe + manifest digest); /v1/chat/completions answers, streamed or
 not. Every error is OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with a 4xx
-status for a bad request, and the server goes on serving."""
+status for a bad request, and the server goes on serving.
+
+Clients are hostile until bounded, so each request is, before it costs much:
+- its body: over `body_bytes` (the longest prompt allowed, JSON-escaped, plus BODY_SLACK_BYTES) is
+  413, by its Content-Length before any of it is read, else once the bytes of a chunked body pass it;
+- how many at once: past MAX_IN_FLIGHT chat completions (reading, queued for the model, generating
+  or streaming) a request is 429 at once, so the queue for the model stays bounded;
+- its fields: message count and parts, stop strings, integer ranges (400 naming the field);
+- its prompt: over context × CHARS_PER_TOKEN characters is 400 before tokenizing, then over the
+  context in tokens as before;
+- its generation: a client that goes away ends it (streamed or not); one that holds the model
+  for `time_limit` seconds is cut there and answered with the text so far and finish_reason
+  "length", as when max_tokens runs out (a stream can no longer change its status to an error).
+"""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -15,12 +29,31 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from jinja2 import TemplateError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from stages.serving.model import Answer, ServedModel, Settings
+
+# Text averages about 4 characters a token (code 3-4, Chinese 2.5; at most 6 in 5,000 real conversations
+# through Qwen3's tokenizer): at 16 only padding (long runs of one character) that fits could be refused.
+CHARS_PER_TOKEN = 16
+JSON_BYTES_PER_CHAR = 6  # the most a character takes in a JSON string: \uXXXX, json.dumps' default for non-ASCII
+BODY_SLACK_BYTES = 1 << 20  # the rest of a request: message wrappers, fields this server ignores (tools)
+MAX_IN_FLIGHT = 256  # one answer is generated at a time: a longer queue only waits past clients' timeouts
+MAX_MESSAGES = 2048  # more turns than a conversation has; each is validated and templated before the token check
+MAX_CONTENT_PARTS = 64  # text parts of one message: clients send one or a few
+MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
+# transformers' StopStringCriteria is set up under the model lock in time ~ vocabulary × stop characters
+# (about 1 s + 0.05 s a character for Qwen3's 151k tokens); stop markers are short ("\n\n", "</answer>";
+# Llama 3's "<|start_header_id|>user<|end_header_id|>" is 40).
+MAX_STOP_CHARS = 64
+MAX_TOKENS = 2**31 - 1  # max_tokens: a 32-bit count, beyond any context; past the context it is 400 as well
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # OpenAI's seed is a 64-bit integer; torch.manual_seed takes it
+TIME_LIMIT_S = 60.0  # one generation holds the model from all queued: a minute is thousands of GPU tokens
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
 class TextPart(BaseModel):
@@ -32,6 +65,13 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant"]
     content: Union[str, list[TextPart]]
+
+    @field_validator("content")
+    @classmethod
+    def few_parts(cls, content):
+        if not isinstance(content, str) and len(content) > MAX_CONTENT_PARTS:
+            raise ValueError(f"at most {MAX_CONTENT_PARTS} parts")
+        return content
 
     def plain(self) -> dict:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -47,16 +87,24 @@ class ChatRequest(BaseModel):
     OpenAI-compatible servers do, and values it cannot honour (n > 1) are refused."""
     model_config = ConfigDict(extra="ignore")
     model: str
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     n: Literal[1] = 1
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
+
+    @field_validator("stop")
+    @classmethod
+    def few_short_stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each")
+        return stop
 
 
 class APIError(Exception):
@@ -66,14 +114,74 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
 
-def error(status: int, message: str, param=None, code=None, kind="invalid_request_error") -> JSONResponse:
+def error(status: int, message: str, param=None, code=None, kind="invalid_request_error", headers=None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
+                        status_code=status, headers=headers)
 
 
-def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None) -> FastAPI:
-    """The app serving `model` as `model_id`; extra_card adds fields to its /v1/models entry."""
+class Bounded:
+    """ASGI middleware: what a request may cost before the app sees it. A chat completion past
+    `in_flight` at once is 429; a body over `body_bytes` is 413, by its Content-Length before any
+    of it is read, else as soon as the bytes read of a chunked body pass the bound."""
+
+    def __init__(self, app, body_bytes: int, in_flight: int):
+        self.app, self.body_bytes, self.in_flight, self.busy = app, body_bytes, in_flight, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        counted = scope["path"] == "/v1/chat/completions"
+        if counted and self.busy >= self.in_flight:
+            return await error(429, f"this server is answering {self.busy} requests already, its limit; retry "
+                                    f"shortly", code="rate_limit_exceeded", kind="requests",
+                               headers={"Retry-After": "1"})(scope, receive, send)
+        self.busy += counted
+        try:
+            await self._bounded(scope, receive, send)
+        finally:
+            self.busy -= counted
+
+    async def _bounded(self, scope, receive, send):
+        stated = Headers(scope=scope).get("content-length")
+        if stated is not None and int(stated) > self.body_bytes:
+            return await self._too_large(scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.body_bytes:
+                return await self._too_large(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():  # the body read, then what the client sends next (its disconnect)
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self, scope, receive, send):
+        return error(413, f"the request body is over {self.body_bytes} bytes, this server's limit (the longest "
+                          f"prompt its model takes, JSON-escaped); shorten the messages",
+                     code="request_too_large")(scope, receive, send)
+
+
+def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
+              time_limit: float = TIME_LIMIT_S) -> FastAPI:
+    """The app serving `model` as `model_id`; extra_card adds fields to its /v1/models entry;
+    a generation stops after holding the model `time_limit` seconds. app.state.limits says the bounds."""
     app = FastAPI(title=f"mindxtrain: {model_id}")
+    max_chars = model.context_length * CHARS_PER_TOKEN
+    body_bytes = max_chars * JSON_BYTES_PER_CHAR + BODY_SLACK_BYTES
+    app.add_middleware(Bounded, body_bytes=body_bytes, in_flight=MAX_IN_FLIGHT)
+    app.state.limits = (f"body {body_bytes / 2**20:.1f} MiB, prompt {max_chars} characters and "
+                        f"{model.context_length} tokens, {MAX_MESSAGES} messages, {MAX_STOPS} stops of "
+                        f"{MAX_STOP_CHARS} characters, {MAX_IN_FLIGHT} requests at once, {time_limit:g} s a generation")
     created = int(time.time())
     card = {"id": model_id, "object": "model", "created": created, "owned_by": "mindxtrain",
             "max_model_len": model.context_length, **(extra_card or {})}
@@ -116,16 +224,23 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None)
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         known(req.model)
+        messages = [m.plain() for m in req.messages]
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > max_chars:
+            raise APIError(400, f"This model's maximum context length is {model.context_length} tokens. However, "
+                                f"your messages are {chars} characters, more than the {max_chars} this server "
+                                f"tokenizes. Please reduce the length of the messages.",
+                           "messages", "context_length_exceeded")
         try:
-            ids = await run_in_threadpool(model.prompt_ids, [m.plain() for m in req.messages])
+            ids = await run_in_threadpool(model.prompt_ids, messages)
         except TemplateError as e:
             raise APIError(400, f"the model's chat template refuses these messages: {e}", "messages") from None
-        settings = decoding(req, len(ids), model.context_length)
+        settings = decoding(req, len(ids), model.context_length, time_limit)
         reply = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_id}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return EventSourceResponse(chunks(model, ids, settings, reply, include_usage))
-        answer = await run_in_threadpool(model.complete, ids, settings)
+        answer = await unless_gone(request, lambda cancel: model.complete(ids, settings, cancel))
         return {**reply, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
                              "finish_reason": answer.finish_reason, "logprobs": None}],
@@ -134,7 +249,19 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None)
     return app
 
 
-def decoding(req: ChatRequest, prompt_tokens: int, context: int) -> Settings:
+async def unless_gone(request: Request, work):
+    """work(cancel) in the thread pool; a client that goes away meanwhile sets `cancel`, which ends
+    its generation at the next token (or before it starts, if it is still queued for the model)."""
+    cancel = threading.Event()
+    task = asyncio.ensure_future(run_in_threadpool(work, cancel))
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            cancel.set()
+    return task.result()
+
+
+def decoding(req: ChatRequest, prompt_tokens: int, context: int, time_limit: float) -> Settings:
     """The request's decoding settings, or a 400 when prompt and completion cannot fit the context."""
     asked = req.max_completion_tokens or req.max_tokens
     room = context - prompt_tokens
@@ -145,7 +272,7 @@ def decoding(req: ChatRequest, prompt_tokens: int, context: int) -> Settings:
                        "messages", "context_length_exceeded")
     stop = [req.stop] if isinstance(req.stop, str) else [s for s in (req.stop or []) if s]
     return Settings(max_new_tokens=asked or room, temperature=1.0 if req.temperature is None else req.temperature,
-                    top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed, stop=stop)
+                    top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed, stop=stop, time_limit=time_limit)
 
 
 def usage(prompt_tokens: int, answer: Answer) -> dict:
