@@ -6,7 +6,10 @@ measurement and the decisions. MFU: model FLOPs per token (flops_per_token) over
 matmul peak measured on this GPU in this run (matmul_peak_tflops). Writes JSON under
 bench/results/ (or --out).
 
-    python bench/autotune_probe.py --shape qwen3-8b --peft lora --budget 180
+    python -m bench.autotune_probe --shape qwen3-8b --peft lora --budget 180
+
+--tiny: the tiny recipe's shape on the CPU, sequences of 256, five seconds of probing, with
+bench/tiny.probe standing in for the CUDA-only autotune.probe (a smoke test, not a measurement).
 """
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 
+from bench import tiny
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def one_gpu() -> None:
@@ -40,6 +43,7 @@ SHAPES = {  # Qwen3 sizes, as their config.json give them
                      head_dim=128, intermediate_size=12288, vocab_size=151936),
     "qwen3-1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True),
+    "tiny": tiny.SHAPE,
 }
 
 
@@ -53,24 +57,27 @@ def flops_per_token(shape: dict, peft: str) -> int:
     return (6 if peft == "none" else 4) * matmul_params(shape)
 
 
-def matmul_peak_tflops() -> float:
-    """The best bf16 matmul throughput this GPU reaches (8192^3 products, best of 5 x 20)."""
+def matmul_peak_tflops(device: str = "cuda") -> float:
+    """The best bf16 matmul throughput this GPU reaches (8192^3 products, best of 5 x 20; on
+    the CPU, for --tiny, 512^3)."""
     import time
 
     import torch
 
-    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    n = 8192 if device == "cuda" else 512
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     for _ in range(5):
         a @ b
     best = float("inf")
     for _ in range(5):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for _ in range(20):
             a @ b
-        torch.cuda.synchronize()
+        sync()
         best = min(best, (time.perf_counter() - start) / 20)
-    return 2 * 8192**3 / best / 1e12
+    return 2 * n**3 / best / 1e12
 
 
 def matmul_params(shape: dict) -> int:
@@ -93,8 +100,12 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--budget", type=float, default=180)
     ap.add_argument("--out")
+    ap.add_argument("--tiny", action="store_true", help="the tiny shape on the CPU: a smoke test, not a measurement")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if a.tiny:
+        a.shape, a.max_length, a.global_batch, a.budget = "tiny", 256, 4, tiny.BUDGET
+    name = f"autotune_{a.shape}_{a.peft}_{a.max_length}.json"
 
     config_dir = Path(tempfile.mkdtemp())
     Qwen3Config(**SHAPES[a.shape]).save_pretrained(config_dir)
@@ -103,14 +114,15 @@ def main() -> None:
         "data": {"sources": [{"path": "unused.jsonl"}], "max_length": a.max_length},
         "train": {"peft": a.peft, "lora": {"r": 16, "alpha": 32, "target_modules": "all-linear"},
                   "micro_batch_size": a.global_batch, "grad_accum": 1},
-        "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": a.budget}})
-    peak = matmul_peak_tflops()
-    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"), recipe.train.global_batch)
-    out = Path(a.out or REPO / "bench" / "results" / f"autotune_{a.shape}_{a.peft}_{a.max_length}.json")
+        "hardware": {"profile": "cpu" if a.tiny else "h100"}, "autotune": {"budget_seconds": a.budget}})
+    peak = matmul_peak_tflops("cpu" if a.tiny else "cuda")
+    found = (tiny.probe if a.tiny else autotune.probe)(config_dir, recipe, logging.getLogger("probe"),
+                                                       recipe.train.global_batch)
+    out = Path(a.out or (tiny.results_path(name) if a.tiny else REPO / "bench" / "results" / name))
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"shape": a.shape, "peft": a.peft, "max_length": a.max_length, "global_batch": a.global_batch,
               "budget_seconds": a.budget, "flops_per_token": flops_per_token(SHAPES[a.shape], a.peft),
-              "matmul_peak_tflops": round(peak, 1), **found}
+              "matmul_peak_tflops": round(peak, 3), **found}
     out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
 

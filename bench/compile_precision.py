@@ -5,22 +5,23 @@ emulated (stages/train/settings.COMPILE_OPTIONS), and with --fp32 the same model
 precision (fp32 weights and matmuls, TF32 off, the safe settings), and prints tokens/s and
 each loss curve's max |difference| from ours_safe's (and fp32's).
 
-    python bench/compile_precision.py RESULT.json [out.json] --work DIR [--rows FILE] [--tokenizer DIR] [--fp32]
+    python -m bench.compile_precision RESULT.json [out.json] --work DIR [--rows FILE] [--tokenizer DIR] [--fp32]
 
 RESULT.json is a train_speed output on this GPU; --rows/--tokenizer must be the workload it
 ran (its rows' BLAKE3 is checked).
+
+--tiny: on a `python -m bench.train_speed --tiny` output, its tiny model and rows on the CPU
+(two inductor compiles on the CPU: a smoke test, not a measurement).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import train_speed as bench  # noqa: E402
+from bench import tiny
+from bench import train_speed as bench
 
 CASTS = {"compiled_emulated_casts": {"emulate_precision_casts": True}, "compiled_fused_casts": {}}
 
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--rows", type=Path)
     ap.add_argument("--tokenizer", type=Path, default=bench.REPO.parent / "shared" / "tokenizers" / "qwen3")
     ap.add_argument("--fp32", action="store_true", help="also the full-precision reference (about 3 minutes on an H200)")
+    ap.add_argument("--tiny", action="store_true", help="on a train_speed --tiny result, on the CPU: a smoke test")
     a = ap.parse_args()
     import torch
 
@@ -40,6 +42,9 @@ def main() -> None:
 
     result = json.loads(a.result.read_text())
     a.work.mkdir(parents=True, exist_ok=True)
+    if a.tiny:
+        bench.use_tiny()
+        a.rows, a.tokenizer = a.rows or tiny.CHAT, tiny.tokenizer_dir(a.work)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(a.work / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(a.work / "triton"))
     if bench.workload(a.work, a.rows, a.tokenizer)["rows_blake3"] != result["workload"]["rows_blake3"]:

@@ -30,7 +30,11 @@ Each runs in its own process; rows/s and tokens/s are counted on rows in, peak R
 the kernel (wait4). Prints a table and writes it as JSON under bench/results/. TRL's datasets
 cache for 1M rows takes tens of GB of disk; on a smaller disk --trl-rows gives it a prefix.
 
-    python bench/data_prep.py --rows 1000000 --out bench/results/data_prep_1m.json [--only trl ours]
+    python -m bench.data_prep --rows 1000000 --out bench/results/data_prep_1m.json [--only trl ours]
+
+--tiny: data/tiny/chat.jsonl's rows (3,000 at most) and the tiny model's character tokenizer
+under TRL's Qwen3 chat template, the rest as above: no ../shared needed (a smoke test, not a
+measurement).
 """
 from __future__ import annotations
 
@@ -47,6 +51,8 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+from bench import tiny
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -157,9 +163,32 @@ def make_real_base(path: Path) -> None:
     tiny_qwen3(path, AutoTokenizer.from_pretrained(SHARED / "tokenizers" / "qwen3"))
 
 
+def make_tiny_rows(path: Path, n: int) -> int:
+    """The first n rows of data/tiny/chat.jsonl (all 3,000 at most); returns how many."""
+    with open(tiny.CHAT, encoding="utf-8") as f, open(path, "w", encoding="utf-8") as out:
+        lines = [line for _, line in zip(range(n), f)]
+        out.writelines(lines)
+    return len(lines)
+
+
+def qwen3_template() -> str:
+    """TRL's copy of Qwen3's chat template, with the generation markers its assistant_only_loss needs."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+
+
+def make_tiny_base(path: Path) -> None:
+    """The tiny model's character tokenizer under Qwen3's chat template."""
+    from stages.model.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    tok.chat_template = qwen3_template()
+    tiny_qwen3(path, tok)
+
+
 def make_synthetic_base(path: Path, corpus: Path) -> None:
     """A BPE tokenizer trained on the rows' words, with Qwen3's chat template."""
-    import trl
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -171,7 +200,7 @@ def make_synthetic_base(path: Path, corpus: Path) -> None:
     bpe.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=8192, special_tokens=specials,
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    tok.chat_template = qwen3_template()
     tiny_qwen3(path, tok)
 
 
@@ -212,15 +241,20 @@ def main() -> None:
     ap.add_argument("--corpus", choices=("real", "synthetic"), default="real")
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--procs", type=int, default=os.cpu_count())
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "data_prep.json"))
+    ap.add_argument("--out", help="default bench/results/data_prep.json")
     ap.add_argument("--only", choices=VARIANTS, nargs="+", default=VARIANTS, help="a subset of the variants")
     ap.add_argument("--trl-rows", type=int, help="TRL on the first N rows only: its datasets cache for 1M rows "
                     "needs more disk than this machine has free (rates are per row, so they stay comparable)")
+    ap.add_argument("--tiny", action="store_true", help="data/tiny and the character tokenizer: a smoke test")
     a = ap.parse_args()
+    a.out = a.out or (tiny.results_path("data_prep.json") if a.tiny else REPO / "bench" / "results" / "data_prep.json")
 
     work = Path(tempfile.mkdtemp(prefix="bench-data-"))
     rows = work / "rows.jsonl"
-    if a.corpus == "real":
+    if a.tiny:
+        a.corpus, a.rows = "tiny", make_tiny_rows(rows, a.rows)
+        make_tiny_base(work / "base")
+    elif a.corpus == "real":
         make_real_rows(rows, a.rows)
         make_real_base(work / "base")
     else:

@@ -31,4 +31,4 @@ for log in artifacts/store/*/*.log; do cp "$log" "$out/$(basename "$(dirname "$l
 if [ -f $pidfile ] && kill -0 "$(cat $pidfile)" 2>/dev/null; then echo "still building"; exit 3; fi
 python3 -m doit verify:$recipe 2>&1 | tail -3 | tee "$out/verify.txt"
 python3 -m doit show:$recipe 2>&1 | tail -20 > "$out/show.txt"
-python3 bench/pipeline_report.py "$recipe" --out "$out/pipeline_$recipe.json"
+python3 -m bench.pipeline_report "$recipe" --out "$out/pipeline_$recipe.json"

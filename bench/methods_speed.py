@@ -23,9 +23,13 @@ GRPO's generation is timed on its own (the model's generate, tokens generated pe
 and the training part is the step time less it. Peak memory is torch's max allocated. Each
 configuration runs in a fresh process, as bench/train_speed.py's do.
 
-    python bench/methods_speed.py [out.json] [--tokenizer DIR] [--data FILE] [--tiny]
+    python -m bench.methods_speed [out.json] [--tokenizer DIR] [--data FILE] [--tiny]
 
---tiny: the tiny model on CPU, a few steps (a smoke test of this script, not a measurement).
+--tiny: the tiny recipe's model on the CPU in fp32 with its character tokenizer, data/tiny's
+prompts (GSM8K's fields) and the exact_answer reward (the gsm8k reward needs '####' answers),
+ours with bench/tiny.probe's decisions (the CUDA-only probe's search on the CPU, five seconds),
+3 steps, DPO's probe at 256 tokens, GRPO's prompts probed at 64 and completions of 16 tokens
+(a smoke test, not a measurement).
 """
 from __future__ import annotations
 
@@ -39,19 +43,24 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from autotune_probe import SHAPES, one_gpu, recipe_probe_budget  # noqa: E402
+from bench import tiny
+from bench.autotune_probe import SHAPES, one_gpu, recipe_probe_budget
 
 one_gpu()
+
+REPO = Path(__file__).resolve().parent.parent
 
 GLOBAL_BATCH = 8
 DPO_MAX_LENGTH, GRPO_PROMPT_LENGTH, GRPO_COMPLETION = 1024, 512, 256
 NUM_GENERATIONS = 8
 PROBE_BUDGET = recipe_probe_budget()
 CONFIGS = ("dpo_ours", "dpo_trl", "grpo_ours", "grpo_trl")
+
+
+def use_tiny() -> None:
+    """--tiny's shorter sequences (the docstring says what it runs), set in every process."""
+    global DPO_MAX_LENGTH, GRPO_PROMPT_LENGTH, GRPO_COMPLETION
+    DPO_MAX_LENGTH, GRPO_PROMPT_LENGTH, GRPO_COMPLETION = 256, 64, 16
 
 
 def rows(path: Path, n: int) -> list[dict]:
@@ -77,12 +86,12 @@ def grpo_dataset(tok, data: list[dict]):
     return Dataset.from_list([{"prompt": chat_prompt(tok, r["question"]), "reference": r["answer"]} for r in data])
 
 
-def train_section(method: str, steps: int):
+def train_section(method: str, steps: int, reward: str = "gsm8k"):
     from stages.engine.recipe import TrainSection
 
     return TrainSection(method=method, peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"},
                         lr=1e-5, max_steps=steps, micro_batch_size=GLOBAL_BATCH, save_steps=10**6, beta=0.1,
-                        reward="gsm8k", num_generations=NUM_GENERATIONS, max_completion_length=GRPO_COMPLETION)
+                        reward=reward, num_generations=NUM_GENERATIONS, max_completion_length=GRPO_COMPLETION)
 
 
 def new_model(shape: dict, device: str, attn: str = "sdpa"):
@@ -171,13 +180,13 @@ def summary(name: str, clock: Clock, warmup: int, per_step: int, device: str) ->
         result.update(generate_seconds_per_step=round(generating / len(clock.steps[timed]), 3),
                       generate_tokens_per_s=round(sum(clock.generated[timed]) / generating, 1),
                       train_seconds_per_step=round((seconds - generating) / len(clock.steps[timed]), 3))
-    if device == "cuda":
-        result["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else tiny.peak_bytes()  # --tiny: the process's RSS
+    result["peak_gib"] = round(peak / 2**30, 1)
     logging.info("%s: %s", name, result)
     return result
 
 
-def trl_trainer(method: str, model, dataset, tok, steps: int, work: Path, device: str):
+def trl_trainer(method: str, model, dataset, tok, steps: int, work: Path, device: str, reward: str):
     from peft import LoraConfig
 
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -193,12 +202,13 @@ def trl_trainer(method: str, model, dataset, tok, steps: int, work: Path, device
     from stages.train.grpo import reward_for_trainer
 
     args = GRPOConfig(**common, num_generations=NUM_GENERATIONS, max_completion_length=GRPO_COMPLETION)
-    return GRPOTrainer(model=model, reward_funcs=reward_for_trainer("gsm8k"), args=args, train_dataset=dataset,
+    return GRPOTrainer(model=model, reward_funcs=reward_for_trainer(reward), args=args, train_dataset=dataset,
                        processing_class=tok, peft_config=lora)
 
 
-def probe(method: str, shape: dict, work: Path, budget: float) -> dict:
-    """The plan stage's probe for this method's recipe (same shapes the plan would give it)."""
+def probe(method: str, shape: dict, work: Path, budget: float, on_cpu: bool = False) -> dict:
+    """The plan stage's probe for this method's recipe (same shapes the plan would give it);
+    on_cpu: bench/tiny.probe, its search on the CPU."""
     from transformers import Qwen3Config
 
     from stages.engine.recipe import Recipe
@@ -212,7 +222,7 @@ def probe(method: str, shape: dict, work: Path, budget: float) -> dict:
                                     "max_length": length}, "train": t, "hardware": {"profile": "h100"},
                                     "autotune": {"budget_seconds": budget}})
     start = time.perf_counter()
-    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"), GLOBAL_BATCH)
+    found = (tiny.probe if on_cpu else autotune.probe)(config_dir, recipe, logging.getLogger("probe"), GLOBAL_BATCH)
     return {"decisions": found["decisions"], "probe_seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -224,22 +234,21 @@ def run_one(name: str, a) -> dict:
 
     method, who = name.split("_")
     device = "cpu" if a.tiny else "cuda"
-    shape = TINY_SHAPE if a.tiny else SHAPES["qwen3-8b"]
+    shape = tiny.SHAPE if a.tiny else SHAPES["qwen3-8b"]
+    reward = "exact_answer" if a.tiny else "gsm8k"
     steps, warmup = (3, 1) if a.tiny else ((20, 5) if method == "dpo" else (7, 2))
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
     data = rows(a.data, GLOBAL_BATCH * steps)
     dataset = dpo_dataset(tok, data) if method == "dpo" else grpo_dataset(tok, data)
     work = Path(a.work) / name
     if who == "trl":
-        trainer = trl_trainer(method, new_model(shape, device), dataset, tok, steps, work, device)
+        trainer = trl_trainer(method, new_model(shape, device), dataset, tok, steps, work, device, reward)
         found = None
     else:
         from stages.train import dpo, grpo
 
-        found = (probe(method, shape, Path(a.work) / f"{name}_probe", a.probe_budget) if not a.tiny else
-                 {"decisions": {"attn_implementation": "sdpa", "sdpa_backend": None, "rocm_fa_library": None,
-                                "gradient_checkpointing": "off", "micro_batch_size": 4, "compile": False,
-                                "fused_cross_entropy": False}, "probe_seconds": 0.0})
+        found = probe(method, shape, Path(a.work) / f"{name}_probe", tiny.BUDGET if a.tiny else a.probe_budget,
+                      on_cpu=a.tiny)
         decisions = found["decisions"]
         plan = {**decisions, "device": device, "dtype": "bfloat16" if device == "cuda" else "float32", "processes": 1,
                 "grad_accum": GLOBAL_BATCH // decisions["micro_batch_size"]}
@@ -247,7 +256,7 @@ def run_one(name: str, a) -> dict:
         model = new_model(shape, device)
         settings.apply_settings(model, plan)
         module = dpo if method == "dpo" else grpo
-        trainer = module.make_trainer(model, dataset, tok, plan, train_section(method, steps), work)
+        trainer = module.make_trainer(model, dataset, tok, plan, train_section(method, steps, reward), work)
     clock = Clock(device, tok.pad_token_id)
     trainer.add_callback(clock.callback())
     count_tokens(trainer, clock)
@@ -269,10 +278,6 @@ def run_one(name: str, a) -> dict:
     return result
 
 
-TINY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  intermediate_size=128, vocab_size=151936)
-
-
 def table(results: dict) -> None:
     print(f"\n8B-shaped LoRA r16 on GSM8K rows, {GLOBAL_BATCH} samples per optimizer step")
     print(f"{'':10} {'samples/s':>10} {'tokens/s':>9} {'peak GiB':>9} {'gen tok/s':>10} {'vs TRL':>7}")
@@ -292,7 +297,7 @@ def table(results: dict) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     p = argparse.ArgumentParser()
-    p.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / "methods_speed.json")
+    p.add_argument("out", nargs="?", type=Path, help="default bench/results/methods_speed.json")
     p.add_argument("--tokenizer", default=str(REPO.parent / "shared" / "tokenizers" / "qwen3"))
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl")
     p.add_argument("--probe-budget", type=float, default=PROBE_BUDGET)
@@ -300,6 +305,8 @@ def main() -> None:
     p.add_argument("--work", default=None, help="a run cut short goes on where it stopped: --work DIR again")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one configuration
     a = p.parse_args()
+    if a.tiny:
+        use_tiny()
     if a.one:
         try:
             result = run_one(a.one, a)
@@ -310,12 +317,16 @@ def main() -> None:
         return
     a.work = a.work or tempfile.mkdtemp()
     logging.info("work directory %s", a.work)
+    if a.tiny:
+        a.tokenizer, a.data = str(tiny.tokenizer_dir(Path(a.work))), tiny.PROMPTS
+    a.out = a.out or (tiny.results_path("methods_speed.json") if a.tiny else
+                      REPO / "bench" / "results" / "methods_speed.json")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in CONFIGS:
         done = Path(a.work) / f"{name}.json"
         if not done.exists():
-            subprocess.run([sys.executable, __file__, "--one", name, "--work", a.work, "--tokenizer", a.tokenizer,
+            subprocess.run([sys.executable, "-m", "bench.methods_speed", "--one", name, "--work", a.work, "--tokenizer", a.tokenizer,
                             "--data", str(a.data), "--probe-budget", str(a.probe_budget)] + (["--tiny"] if a.tiny else []),
                            check=True)
         results[name] = json.loads(done.read_text())

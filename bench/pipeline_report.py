@@ -8,20 +8,22 @@ compilation in the first steps). MFU counts model FLOPs only (autotune_probe.flo
 6N full, 4N LoRA) over the GPU's dense bf16 peak from its datasheet and, where a GPU is
 present, over the matmul peak measured here.
 
-    python bench/pipeline_report.py RECIPE [--price USD_PER_GPU_HOUR] [--out report.json]
+    python -m bench.pipeline_report RECIPE [--price USD_PER_GPU_HOUR] [--out report.json]
+
+--tiny: RECIPE is tiny, built here first where it is not (`doit manifest:tiny`, CPU, about a
+minute): the same figures of a CPU build (no GPU, no datasheet peak; a smoke test).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from bench.autotune_probe import flops_per_token, matmul_peak_tflops
 
-from autotune_probe import flops_per_token, matmul_peak_tflops  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense, SXM
 TARGETS = {"tokens_per_s": 15000, "mfu": 0.40, "minutes": 90, "usd": 3.0}
@@ -38,10 +40,16 @@ def main() -> None:
     from stages.table import STAGES
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("recipe")
+    ap.add_argument("recipe", nargs="?")
     ap.add_argument("--price", type=float, default=3.00, help="USD per GPU-hour, on demand")
     ap.add_argument("--out")
+    ap.add_argument("--tiny", action="store_true", help="the tiny recipe, built first if need be: a smoke test")
     a = ap.parse_args()
+    if a.tiny:
+        a.recipe = "tiny"
+        subprocess.run([sys.executable, "-m", "doit", "manifest:tiny"], cwd=REPO, check=True)
+    elif not a.recipe:
+        ap.error("name a recipe (or --tiny)")
     recipe = load(REPO / "recipes" / f"{a.recipe}.yaml")
 
     # what `doit manifest:<recipe>` builds: the manifest and the stages it covers (not anchor, report)

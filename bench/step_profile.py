@@ -42,7 +42,11 @@ Each variant runs in its own process; trainer variants also report where the GPU
 Prints, per variant, tokens/s, peak memory, and the share of the step the GPU was busy;
 for the first two, the top kernels by GPU time. Also measures the bf16 matmul peak.
 
-    python bench/step_profile.py [variant ...] [--out FILE]
+    python -m bench.step_profile [variant ...] [--out FILE]
+
+--tiny: the tiny recipe's model on the CPU in fp32, sequences of 256, the variants best,
+best_amp and trainer by default, each with SDPA for flex attention and uncompiled
+(bench/tiny.on_cpu), profiling CPU activity only (a smoke test, not a measurement).
 """
 from __future__ import annotations
 
@@ -54,14 +58,36 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from autotune_probe import matmul_peak_tflops, one_gpu  # noqa: E402
-from train_speed import new_model  # noqa: E402
+from bench import tiny, train_speed
+from bench.autotune_probe import matmul_peak_tflops, one_gpu
+from bench.train_speed import new_model, peak_gib, reset_peak, sync
 
 one_gpu()
+
+REPO = Path(__file__).resolve().parent.parent
+LENGTH = 2048
+TINY_VARIANTS = ("best", "best_amp", "trainer")
+
+
+def use_tiny() -> None:
+    """--tiny (the docstring says what it runs), in every process: new_model and the clocks are
+    train_speed's, which --tiny puts on the CPU."""
+    global LENGTH
+    train_speed.use_tiny()
+    LENGTH = 256
+
+
+def activities() -> list:
+    from torch.profiler import ProfilerActivity
+
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if train_speed.DEVICE == "cuda" else [])
+
+
+def packed_batch(micro_batch: int, vocab: int) -> dict:
+    from stages.train import autotune
+
+    make = autotune.packed_batch if train_speed.DEVICE == "cuda" else tiny.packed_batch
+    return make(micro_batch, LENGTH, vocab)
 
 BEST = {"attn_implementation": "flex_attention", "sdpa_backend": None, "rocm_fa_library": None,
         "gradient_checkpointing": "off", "micro_batch_size": 2, "compile": True, "fused_cross_entropy": False}
@@ -118,7 +144,7 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, fp8: str | None =
     from peft import get_peft_model
     from peft.helpers import disable_input_dtype_casting
 
-    from stages.train import autotune, settings
+    from stages.train import settings
     from stages.train.settings import lora_config
     from stages.engine.recipe import TrainSection
 
@@ -130,12 +156,12 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, fp8: str | None =
         fp8_base_projections(model, fp8)
     settings.apply_settings(model, setting)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-    batch = autotune.packed_batch(setting["micro_batch_size"], 2048, model.config.vocab_size)
-    torch.cuda.reset_peak_memory_stats()
+    batch = packed_batch(setting["micro_batch_size"], model.config.vocab_size)
+    reset_peak()
     losses = []
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(train_speed.DEVICE, dtype=torch.bfloat16, enabled=amp):
             loss = model(**batch).loss
         losses.append(loss.detach())
         loss.backward()
@@ -147,23 +173,23 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, fp8: str | None =
         try:
             for _ in range(3):
                 step()
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             for _ in range(5):
                 step()
-            torch.cuda.synchronize()
+            sync()
             seconds = (time.perf_counter() - start) / 5
             result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
                       "step_seconds": round(seconds, 4),
-                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+                      "peak_gib": peak_gib(),
                       "losses": [round(x, 4) for x in torch.stack(losses).tolist()]}
-            from torch.profiler import ProfilerActivity, profile as torch_profile
+            from torch.profiler import profile as torch_profile
 
-            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                torch.cuda.synchronize()
+            with torch_profile(activities=activities()) as prof:
+                sync()
                 start = time.perf_counter()
                 step()
-                torch.cuda.synchronize()
+                sync()
                 wall = time.perf_counter() - start
             found = busy_and_top(prof, wall)
             result.update(found if profile else {"gpu_busy": found["gpu_busy"]})
@@ -230,7 +256,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    from stages.train import autotune, settings
+    from stages.train import settings
     from stages.model.tiny import char_tokenizer
     from stages.train.settings import training_context
     from stages.train.sft import make_trainer
@@ -247,10 +273,10 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
 
         model.loss_function = LOSS_MAPPING["ForCausalLM"]
     steps, warmup, mb = 13, 3, setting["micro_batch_size"]
-    batch = autotune.packed_batch(4 * steps, 2048, model.config.vocab_size)
+    batch = packed_batch(4 * steps, model.config.vocab_size)
     rows = Dataset.from_dict({k: v.cpu().tolist() for k, v in batch.items()})
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32}, max_steps=steps, micro_batch_size=4, save_steps=10**6)
-    plan = {**setting, "device": "cuda", "dtype": "bfloat16", "processes": 1, "grad_accum": 4 // mb}
+    plan = {**setting, "device": train_speed.DEVICE, "dtype": train_speed.DTYPE, "processes": 1, "grad_accum": 4 // mb}
     trainer = make_trainer(model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
     trainer.args.logging_steps = logging_steps
     if trl_loss:
@@ -284,28 +310,28 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                     if p.requires_grad and p.grad is None:
                         p.grad = torch.zeros_like(p)
             if state.global_step in (warmup, steps - 2):
-                torch.cuda.synchronize()
+                sync()
                 now = time.perf_counter()
                 if state.global_step == warmup:
                     self.start = now
                 else:
                     window.append(now - self.start)
-                    from torch.profiler import ProfilerActivity, profile as torch_profile
+                    from torch.profiler import profile as torch_profile
 
-                    self.prof = torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                    self.prof = torch_profile(activities=activities())
                     self.prof.__enter__()
                     self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == steps - 1:
-                torch.cuda.synchronize()
+                sync()
                 wall = time.perf_counter() - self.start
                 self.prof.__exit__(None, None, None)
                 profiled["gpu_busy"] = busy_and_top(self.prof, wall)["gpu_busy"]
                 profiled.update(idle_gaps(self.prof))
 
     trainer.add_callback(Clock())
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     if gc_off:
         gc.collect()
         gc.freeze()
@@ -317,35 +343,43 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     seconds = window[0] / (steps - 2 - warmup)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"tokens_per_s": round(4 * 2048 / seconds, 1), "step_seconds": round(seconds, 4),
-            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "last_loss": losses[-1], **profiled}
+    return {"tokens_per_s": round(4 * LENGTH / seconds, 1), "step_seconds": round(seconds, 4),
+            "peak_gib": peak_gib(), "last_loss": losses[-1], **profiled}
 
 
 def run_one(name: str, first: bool) -> dict:
+    on_device = tiny.on_cpu if train_speed.DEVICE == "cpu" else (lambda setting: setting)
     if name in TRAINER_VARIANTS:
         setting, options = TRAINER_VARIANTS[name]
-        return run_trainer(name, setting, **options)
-    return run(name, *VARIANTS[name], profile=first)
+        return run_trainer(name, on_device(setting), **options)
+    setting, *rest = VARIANTS[name]
+    return run(name, on_device(setting), *rest, profile=first)
 
 
 def main() -> None:
     import subprocess
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("variants", nargs="*", default=[*VARIANTS, *TRAINER_VARIANTS])
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "step_profile.json"))
+    ap.add_argument("variants", nargs="*")
+    ap.add_argument("--out", help="default bench/results/step_profile.json")
     ap.add_argument("--one", action="store_true", help="(internal) run one variant in this process")
+    ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU: a smoke test, not a measurement")
     a = ap.parse_args()
+    if a.tiny:
+        use_tiny()
     if a.one:  # a child: one variant, its result as the last line
         print(json.dumps(run_one(a.variants[0], a.variants[1] == "first")), flush=True)
         return
-    results = {"matmul_peak_tflops": round(matmul_peak_tflops(), 1)}
+    a.variants = a.variants or (TINY_VARIANTS if a.tiny else [*VARIANTS, *TRAINER_VARIANTS])
+    a.out = a.out or (tiny.results_path("step_profile.json") if a.tiny else
+                      REPO / "bench" / "results" / "step_profile.json")
+    results = {"matmul_peak_tflops": round(matmul_peak_tflops(train_speed.DEVICE), 1)}
     print("bf16 matmul peak", results["matmul_peak_tflops"], "TFLOP/s", flush=True)
     for i, name in enumerate(a.variants):
         # each variant in a process of its own: compiled graphs, CUDA graph pools and Liger's
         # patches must not carry over into the next one
-        child = subprocess.run([sys.executable, __file__, "--one", name, "first" if i <= 1 else "-"],
-                               stdout=subprocess.PIPE, text=True)
+        child = subprocess.run([sys.executable, "-m", "bench.step_profile", "--one", name, "first" if i <= 1 else "-"]
+                               + (["--tiny"] if a.tiny else []), stdout=subprocess.PIPE, text=True)
         lines = child.stdout.strip().splitlines()
         results[name] = json.loads(lines[-1]) if child.returncode == 0 and lines else {"error": f"exit {child.returncode}"}
         print(name, json.dumps(results[name]), flush=True)

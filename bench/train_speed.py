@@ -31,7 +31,12 @@ compile caches; the table comes at the end. With --gpus 0,1 configurations run t
 one per GPU of the host (each still measures one GPU; they share the host's CPUs), so a run
 takes about half as long.
 
-    python bench/train_speed.py [out.json] [--work DIR] [--gpus 0,1] [--rows FILE] [--tokenizer DIR]
+    python -m bench.train_speed [out.json] [--work DIR] [--gpus 0,1] [--rows FILE] [--tokenizer DIR]
+
+--tiny: the tiny recipe's model on the CPU in fp32, data/tiny's chat rows with its character
+tokenizer, 4 steps of 4 x 256 tokens; ours's decisions from bench/tiny.probe (the CUDA-only
+probe's search on the CPU); the TRL configurations without flex attention or Liger, which need
+a GPU (a smoke test, not a measurement).
 """
 from __future__ import annotations
 
@@ -43,18 +48,59 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops, one_gpu, recipe_probe_budget  # noqa: E402
+from bench import tiny
+from bench.autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops, one_gpu, recipe_probe_budget
 
 one_gpu()
 
+REPO = Path(__file__).resolve().parent.parent
 STEPS, WARMUP, LOSS_STEPS = 30, 10, 20
 PROBE_BUDGET = recipe_probe_budget()
 MAX_LENGTH, BATCH = 2048, 4
 DOCS = STEPS * BATCH * 12  # conversations read: more than the packed steps take
+DEVICE, DTYPE, SHAPE, LIGER = "cuda", "bfloat16", SHAPES["qwen3-8b"], True
+SAFE_SDPA = "efficient_attention"  # the loss check's reference kernel
+TRL = ("trl_default", "trl_packed", "trl_flex", "trl_flex_nogc", "trl_flex_nogc_compile")
+
+
+def use_tiny() -> None:
+    """--tiny (the docstring says what it runs): set before anything is built, in every process."""
+    global STEPS, WARMUP, LOSS_STEPS, PROBE_BUDGET, MAX_LENGTH, DOCS, DEVICE, DTYPE, SHAPE, LIGER, SAFE_SDPA, TRL
+    global CONFIGS
+    STEPS, WARMUP, LOSS_STEPS, PROBE_BUDGET, MAX_LENGTH = 4, 1, 3, tiny.BUDGET, 256
+    DOCS = STEPS * BATCH * 12
+    DEVICE, DTYPE, SHAPE, LIGER, SAFE_SDPA = "cpu", "float32", tiny.SHAPE, False, "math"
+    TRL = ("trl_default", "trl_packed")
+    CONFIGS = ("ours", "ours_safe", *reversed(TRL))
+
+
+def sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def reset_peak() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib() -> float:
+    """torch's peak allocation on the GPU (on the CPU, for --tiny, the process's peak RSS)."""
+    import torch
+
+    return round((torch.cuda.max_memory_allocated() if DEVICE == "cuda" else tiny.peak_bytes()) / 2**30, 1)
+
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
 
 
 def documents(work: Path, tok) -> list[dict]:
@@ -90,7 +136,7 @@ def workload(work: Path, rows: Path | None, tokenizer_dir: Path) -> dict:
     import numpy as np
     from blake3 import blake3
 
-    from data_prep import make_real_rows
+    from bench.data_prep import make_real_rows
 
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise SystemExit(f"{tokenizer_dir}: no tokenizer.json; pass --tokenizer DIR (Qwen3's tokenizer)")
@@ -103,7 +149,8 @@ def workload(work: Path, rows: Path | None, tokenizer_dir: Path) -> dict:
         else:
             raise SystemExit(f"{REPO.parent / 'shared' / 'datasets'}: not here; the real corpus is made from it. "
                              "Pass --rows FILE (chat JSONL) instead")
-    (work / "workload.json").write_text(json.dumps({"tokenizer": str(tokenizer_dir.resolve())}))
+    (work / "workload.json").write_text(json.dumps({"tokenizer": str(tokenizer_dir.resolve()),
+                                                    "tiny": DEVICE == "cpu"}))
     lengths = np.array([len(d["input_ids"]) for d in documents(work, tokenizer(work))])
     return {"rows": str(rows or "bench/data_prep.py real corpus"), "rows_blake3": blake3(target.read_bytes()).hexdigest(),
             "tokenizer": str(tokenizer_dir), "documents": len(lengths), "tokens": int(lengths.sum()),
@@ -131,29 +178,28 @@ def packed_rows(docs: list[dict], pad_id: int) -> dict:
     return rows
 
 
-def new_model(attn: str, dtype: str = "bfloat16"):
+def new_model(attn: str, dtype: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(Qwen3Config(**SHAPES["qwen3-8b"]), dtype=getattr(torch, dtype),
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**SHAPE), dtype=getattr(torch, dtype or DTYPE),
                                                  attn_implementation=attn)
     model.config.use_cache = False
     return model
 
 
 def meter(counts: list[int], times: list[float]):
-    import torch
     from transformers import TrainerCallback
 
     class Meter(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - self.start)
 
     return Meter()
@@ -170,13 +216,11 @@ def counting(collator, counts: list[int], pad_id: int):
 
 
 def finish(name: str, trainer, counts, times, accum: int = 1) -> dict:
-    import torch
-
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     tokens = sum(counts[WARMUP * accum: STEPS * accum])  # one count per micro-batch
     seconds = sum(times[WARMUP:STEPS])
-    result = {"tokens_per_s": round(tokens / seconds, 1), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+    result = {"tokens_per_s": round(tokens / seconds, 1), "peak_gib": peak_gib(),
               "step_seconds": round(seconds / (STEPS - WARMUP), 4), "losses": losses[:LOSS_STEPS]}
     logging.info("%s: %s", name, result)
     return result
@@ -188,11 +232,12 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     model = new_model(attn)
     args = SFTConfig(output_dir=str(work / name), max_steps=STEPS, per_device_train_batch_size=BATCH,
-                     max_length=MAX_LENGTH, bf16=True, learning_rate=1e-4, logging_steps=1, report_to="none",
-                     save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0, **overrides)
+                     max_length=MAX_LENGTH, bf16=DTYPE == "bfloat16", use_cpu=DEVICE == "cpu", learning_rate=1e-4,
+                     logging_steps=1, report_to="none", save_strategy="no", seed=0, data_seed=0,
+                     dataloader_num_workers=0, **overrides)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(docs), processing_class=tok,
                          peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
                                                 task_type="CAUSAL_LM"))
@@ -204,14 +249,13 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
     except torch.OutOfMemoryError:  # a micro-batch too large for this setting: recorded, not a failed run
         result = {"error": "out of memory"}
     del trainer, model
-    gc.collect()
-    torch.cuda.empty_cache()
+    free_memory()
     return result
 
 
 def safe(decisions: dict) -> dict:
     """The same micro-batch with the safe settings: the loss check's reference."""
-    return {**decisions, "attn_implementation": "sdpa", "sdpa_backend": "efficient_attention",
+    return {**decisions, "attn_implementation": "sdpa", "sdpa_backend": SAFE_SDPA,
             "gradient_checkpointing": "full", "compile": False, "fused_cross_entropy": False}
 
 
@@ -220,7 +264,7 @@ def loss_distance(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str = "bfloat16") -> dict:
+def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str | None = None) -> dict:
     import torch
     from datasets import Dataset
 
@@ -229,13 +273,14 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     from stages.train.sft import make_trainer
     from stages.engine.recipe import TrainSection
 
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
+    dtype = dtype or DTYPE
     settings.training_mode()
     model = new_model("sdpa", dtype)
     settings.apply_settings(model, decisions)
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,
                      max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
-    plan = {**decisions, "device": "cuda", "dtype": dtype, "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
+    plan = {**decisions, "device": DEVICE, "dtype": dtype, "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
     trainer = make_trainer(model, Dataset.from_dict(rows), tok, plan, t, work / name)
     counts, times = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
@@ -243,13 +288,11 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     with training_context(trainer, plan):
         result = finish(name, trainer, counts, times, plan["grad_accum"])
     del trainer, model
-    gc.collect()
-    torch.cuda.empty_cache()
+    free_memory()
     torch.compiler.reset()
     return result
 
 
-TRL = ("trl_default", "trl_packed", "trl_flex", "trl_flex_nogc", "trl_flex_nogc_compile")
 CONFIGS = ("ours", "ours_safe", *reversed(TRL))  # in this order on one GPU; TRL's slowest to compile
 # first, so a second GPU takes them while ours runs
 
@@ -262,31 +305,31 @@ def run_one(name: str, work: Path) -> dict:
     from stages.engine.recipe import Recipe
     from transformers import Qwen3Config
 
-    shape = SHAPES["qwen3-8b"]
     tok = tokenizer(work)
     docs = documents(work, tok)
     if name == "trl_default":
         return run_trl(name, docs, tok, "sdpa", work)
     if name == "trl_packed":
-        return run_trl(name, docs, tok, "sdpa", work, packing=True, padding_free=True, use_liger_kernel=True)
+        return run_trl(name, docs, tok, "sdpa", work, packing=True, padding_free=True, use_liger_kernel=LIGER)
     if name == "trl_flex":
-        return run_trl(name, docs, tok, "flex_attention", work, packing=True, use_liger_kernel=True)
+        return run_trl(name, docs, tok, "flex_attention", work, packing=True, use_liger_kernel=LIGER)
     if name.startswith("trl_flex_nogc"):  # what a TRL user with memory to spare turns off, and on
-        return run_trl(name, docs, tok, "flex_attention", work, packing=True, use_liger_kernel=True,
+        return run_trl(name, docs, tok, "flex_attention", work, packing=True, use_liger_kernel=LIGER,
                        gradient_checkpointing=False, torch_compile=name.endswith("compile"))
     rows = packed_rows(docs, tok.pad_token_id)
     if name == "ours_safe":  # the probe's micro-batch with the safe settings
         found = json.loads((work / "ours.json").read_text())["found"]
         return run_ours(name, rows, tok, safe(found["decisions"]), work)
     config_dir = work / "config"
-    Qwen3Config(**shape).save_pretrained(config_dir)
+    Qwen3Config(**SHAPE).save_pretrained(config_dir)
     recipe = Recipe.model_validate({
         "model": {"path": "unused"},  # (the probe reads config_dir)
         "data": {"sources": [{"path": "unused.jsonl"}], "max_length": MAX_LENGTH},
         "train": {"peft": "lora", "lora": {"r": 16, "alpha": 32}, "micro_batch_size": BATCH},
         "hardware": {"profile": "h100"}, "autotune": {"budget_seconds": PROBE_BUDGET}})
     start = time.perf_counter()
-    found = autotune.probe(config_dir, recipe, logging.getLogger("probe"), recipe.train.global_batch)
+    probe = autotune.probe if DEVICE == "cuda" else tiny.probe
+    found = probe(config_dir, recipe, logging.getLogger("probe"), recipe.train.global_batch)
     found = {"decisions": found["decisions"], "probe_seconds": round(time.perf_counter() - start, 1)}
     return {**run_ours(name, rows, tok, found["decisions"], work), "found": found}
 
@@ -314,7 +357,7 @@ def run_configs(work: Path, gpus: list[str]) -> dict:
                     return
             name = names.pop(0)
             if not (work / f"{name}.json").exists():
-                subprocess.run([sys.executable, __file__, "--one", name, str(work)], check=True,
+                subprocess.run([sys.executable, "-m", "bench.train_speed", "--one", name, str(work)], check=True,
                                env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
             logging.info("%s done on GPU %s", name, gpu)
 
@@ -331,10 +374,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if len(sys.argv) > 2 and sys.argv[1] == "--one":  # a child: one configuration
         name, work = sys.argv[2], Path(sys.argv[3])
+        if json.loads((work / "workload.json").read_text()).get("tiny"):
+            use_tiny()
         (work / f"{name}.json").write_text(json.dumps(run_one(name, work)))
         return
     ap = argparse.ArgumentParser(description="TRL's configurations and ours, one GPU each")
-    ap.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / "train_speed.json")
+    ap.add_argument("out", nargs="?", type=Path, help="default bench/results/train_speed.json")
     ap.add_argument("--work", type=Path, help="a run cut short (a time limit) goes on where it stopped: "
                     "its work directory again, same machine")
     ap.add_argument("--gpus", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
@@ -343,10 +388,16 @@ def main() -> None:
     ap.add_argument("--rows", type=Path, help="chat JSONL ({\"messages\": [...]} per line) instead of "
                     "bench/data_prep.py's real corpus (which reads ../shared/datasets)")
     ap.add_argument("--tokenizer", type=Path, default=REPO.parent / "shared" / "tokenizers" / "qwen3")
+    ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU: a smoke test, not a measurement")
     args = ap.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp())
     work.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        use_tiny()
+        args.rows, args.tokenizer = args.rows or tiny.CHAT, tiny.tokenizer_dir(work)
+    args.out = args.out or (tiny.results_path("train_speed.json") if args.tiny else
+                            REPO / "bench" / "results" / "train_speed.json")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     # each run compiles cold, as on a fresh machine (a later run would otherwise reuse the kernels
     # an earlier one compiled, and the probe, on a time budget, would reach further)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))
@@ -356,9 +407,8 @@ def main() -> None:
     logging.info("workload %s", data)
     results = run_configs(work, args.gpus.split(","))
     found = results["ours"].pop("found")
-    shape = SHAPES["qwen3-8b"]
-    peak = matmul_peak_tflops()
-    flops = flops_per_token(shape, "lora")
+    peak = matmul_peak_tflops(DEVICE)
+    flops = flops_per_token(SHAPE, "lora")
     ran = [name for name in TRL if "error" not in results[name]]
     best_trl = max(ran, key=lambda k: results[k]["tokens_per_s"])
     print(f"\nQwen3-8B shape, LoRA r16, seq {MAX_LENGTH}, batch {BATCH}, {STEPS} steps ({WARMUP} untimed); "
@@ -379,7 +429,7 @@ def main() -> None:
     print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
           f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
-    args.out.write_text(json.dumps({"shape": shape, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
+    args.out.write_text(json.dumps({"shape": SHAPE, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
                                     "warmup": WARMUP, "workload": data, "gpus": args.gpus, "flops_per_token": flops,
                                     "matmul_peak_tflops": round(peak, 1), "best_trl": best_trl,
                                     "ours_decisions": found["decisions"], "probe_seconds": found["probe_seconds"],

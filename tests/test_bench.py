@@ -1,0 +1,131 @@
+"""Every bench's --tiny smoke mode, on the CPU. Each runs as a user runs a bench, `python -m
+bench.<name> --tiny` from the repository root (no sys.path edits: `stages` is this checkout's),
+through the bench's own code and the stages/ functions it measures, and must write the fields
+its real run writes (those of its committed results in bench/results/, named below). The
+figures are not checked: a smoke run on the CPU measures nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import NO_NETWORK, REPO
+
+TIMED = {"tokens_per_s", "peak_gib", "step_seconds", "losses"}  # one train_speed configuration
+SETTING = {"attn_implementation", "sdpa_backend", "rocm_fa_library", "gradient_checkpointing", "micro_batch_size",
+           "compile", "fused_cross_entropy"}  # a plan's decisions
+
+
+def bench(name: str, *args, cwd: Path = REPO) -> str:
+    """`python -m bench.<name> *args` in cwd; its output, after checking it exited 0."""
+    p = subprocess.run([sys.executable, "-m", f"bench.{name}", *map(str, args)], cwd=cwd, capture_output=True,
+                       text=True, timeout=900, env={**os.environ, **NO_NETWORK})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    return p.stdout + p.stderr
+
+
+def fields(path: Path) -> dict:
+    assert path.is_file(), f"{path}: not written"
+    return json.loads(path.read_text())
+
+
+def test_autotune_probe_searches_on_the_cpu(tmp_path):
+    """As autotune_qwen3-8b_lora_2048_gb4_x2_after_p0.json: the probe's search, every measurement."""
+    out = bench("autotune_probe", "--tiny", "--out", tmp_path / "probe.json")
+    r = fields(tmp_path / "probe.json")
+    assert set(r) == {"shape", "peft", "max_length", "global_batch", "budget_seconds", "flops_per_token",
+                      "matmul_peak_tflops", "decisions", "tokens_per_s", "measurements"}
+    assert set(r["decisions"]) == SETTING and r["shape"] == "tiny"
+    assert any("tokens_per_s" in m for m in r["measurements"])
+    assert "decisions:" in out
+
+
+@pytest.fixture(scope="module")
+def train_speed(tmp_path_factory) -> Path:
+    """One `train_speed --tiny` run: its result, and the work directory compile_precision reads."""
+    tmp = tmp_path_factory.mktemp("train_speed")
+    bench("train_speed", tmp / "train_speed.json", "--tiny", "--work", tmp / "work")
+    return tmp
+
+
+def test_train_speed_runs_trl_and_ours_with_the_loss_check(train_speed):
+    """As train_speed_h200_2026-11-26_real_text_same_host_s1.json, less the TRL configurations that
+    need a GPU (flex attention, Liger)."""
+    r = fields(train_speed / "train_speed.json")
+    assert set(r) == {"shape", "max_length", "batch", "steps", "warmup", "workload", "gpus", "flops_per_token",
+                      "matmul_peak_tflops", "best_trl", "ours_decisions", "probe_seconds", "loss_max_abs_diff",
+                      "results"}
+    assert set(r["results"]) == {"ours", "ours_safe", "trl_default", "trl_packed"}
+    for name, result in r["results"].items():
+        assert set(result) == TIMED | {"mfu", "vs_best_trl"}, name
+    assert set(r["ours_decisions"]) == SETTING
+    assert set(r["workload"]) == {"rows", "rows_blake3", "tokenizer", "documents", "tokens", "length_median",
+                                  "length_p90", "at_max_length"}
+
+
+def test_compile_precision_trains_compiled_both_ways(train_speed, tmp_path):
+    """The runs compile_precision_h200_2026-11-25.json's `runs` hold, on train_speed's tiny result."""
+    bench("compile_precision", train_speed / "train_speed.json", tmp_path / "precision.json", "--tiny",
+          "--work", tmp_path / "work")
+    r = fields(tmp_path / "precision.json")
+    assert set(r) == {"result", "decisions", "runs"}
+    assert set(r["runs"]) == {"compiled_emulated_casts", "compiled_fused_casts"}
+    assert all(set(run) == TIMED for run in r["runs"].values())
+    assert r["decisions"]["compile"] is True
+
+
+def test_step_profile_times_the_step_loop_and_the_trainer(tmp_path):
+    """As fp8_base_h100_2026-11-25.json's runs (the step loop; the first two variants add the
+    profile's top kernels and host operations) and step_profile_trainer_mb4_h100_2026-11-25.json."""
+    bench("step_profile", "--tiny", "--out", tmp_path / "profile.json")
+    r = fields(tmp_path / "profile.json")
+    assert set(r) == {"matmul_peak_tflops", "best", "best_amp", "trainer"}
+    for name in ("best", "best_amp"):  # the first two variants are profiled in full
+        assert set(r[name]) == {"tokens_per_s", "step_seconds", "peak_gib", "losses", "gpu_busy", "top_kernels",
+                                "top_host"}, r[name]
+    assert set(r["trainer"]) == {"tokens_per_s", "step_seconds", "peak_gib", "last_loss", "gpu_busy", "gaps_ms",
+                                 "by_outer", "by_inner"}, r["trainer"]
+
+
+def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
+    """As methods_speed_h100_2026-11-25.json."""
+    bench("methods_speed", tmp_path / "methods.json", "--tiny", "--work", tmp_path / "work")
+    r = fields(tmp_path / "methods.json")
+    assert set(r) == {"tiny", "global_batch", "results"} and r["tiny"] is True
+    assert set(r["results"]) == {"dpo_ours", "dpo_trl", "grpo_ours", "grpo_trl"}
+    timed = {"steps_timed", "step_seconds", "tokens_per_s", "samples_per_s", "peak_gib"}
+    generation = {"generate_seconds_per_step", "generate_tokens_per_s", "train_seconds_per_step"}
+    for name, result in r["results"].items():
+        want = timed | (generation if name.startswith("grpo") else set()) | ({"found"} if "ours" in name else set())
+        assert set(result) == want, (name, result)
+        if "ours" in name:
+            assert set(result["found"]) == {"decisions", "probe_seconds"} and set(result["found"]["decisions"]) == SETTING
+
+
+def test_data_prep_runs_trl_and_the_shards_stage(tmp_path):
+    """As data_prep_real_1m_run1.json: TRL's preparation and `doit shards` on a clone, both dedupe modes."""
+    bench("data_prep", "--tiny", "--out", tmp_path / "data.json")
+    r = fields(tmp_path / "data.json")
+    assert set(r) == {"corpus", "rows", "max_length", "procs", "cpus", "trl", "ours", "ours_exact_dedupe_only"}
+    assert r["corpus"] == "tiny" and r["rows"] == 3000
+    assert set(r["trl"]) == {"seconds", "tokens", "sequences", "wall_seconds", "peak_rss_mib", "rows", "rows_per_s",
+                             "tokens_per_s", "vs_trl_rows_per_s"}
+    for name in ("ours", "ours_exact_dedupe_only"):
+        assert set(r[name]) == {"seconds", "tokens", "sequences", "wall_seconds", "peak_rss_mib", "dropped",
+                                "packing_efficiency", "rows_per_s", "tokens_per_s", "vs_trl_rows_per_s"}, name
+
+
+def test_pipeline_report_reads_a_built_recipe(warm, tmp_path):
+    """As pipeline_h100/pipeline_qwen3_8b_shape.json, from tiny's build (the stages `doit manifest`
+    builds: not anchor or report, which it does not)."""
+    bench("pipeline_report", "--tiny", "--out", tmp_path / "pipeline.json", cwd=warm)
+    r = fields(tmp_path / "pipeline.json")
+    assert set(r) == {"recipe", "gpu", "gpus", "stage_seconds", "total_minutes", "train", "probe", "gpu_hours", "usd",
+                      "usd_per_gpu_hour", "targets"}
+    assert list(r["stage_seconds"]) == ["base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"]
+    assert set(r["train"]) == {"steps", "tokens", "train_runtime_s", "tokens_per_s", "model_tflops", "mfu_datasheet",
+                               "mfu_measured_peak", "measured_matmul_peak_tflops", "peak_gpu_memory_gib"}
