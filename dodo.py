@@ -2,9 +2,9 @@
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
 per recipe (stages/engine/graph.py); verify, show, status, push and pull are the engine's own
-tasks; check, serve and coach are actions.
+tasks; check, serve, publish and coach are actions.
 """
-from stages import check, coach, serve
+from stages import check, coach, publish, serve
 from stages.engine import catalogue, graph, show, status, sync, verify
 from stages.table import STAGES
 
@@ -38,6 +38,10 @@ def task_serve():
 
 def task_coach():
     return coach.task(STAGES)
+
+
+def task_publish():
+    return publish.tasks(STAGES)
 
 
 def task_push():
