@@ -2,9 +2,9 @@
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
 per recipe (stages/engine/graph.py); verify, show, status, push and pull are the engine's own
-tasks; check and serve are actions.
+tasks; check, serve, publish and coach are actions.
 """
-from stages import check, serve
+from stages import check, coach, publish, serve
 from stages.engine import catalogue, graph, show, status, sync, verify
 from stages.table import STAGES
 
@@ -34,6 +34,14 @@ def task_recipes():
 
 def task_serve():
     return serve.tasks()
+
+
+def task_coach():
+    return coach.task(STAGES)
+
+
+def task_publish():
+    return publish.tasks(STAGES)
 
 
 def task_push():

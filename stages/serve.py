@@ -13,13 +13,16 @@ model). SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifes
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+from contextlib import contextmanager
 
 from doit.exceptions import TaskFailed
 
 from stages.engine import graph
 from stages.engine.errors import UserError
+from stages.engine.store import write_json
 from stages.serving import vllm
 from stages.serving.served import Served, served
 
@@ -71,7 +74,8 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
     # handlers take it then, so the action ends normally (exit 0) instead of being killed.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run()
+        with announced(recipe_name, s, host, port):
+            server.run()
     except SystemExit:  # uvicorn exits when it cannot bind
         return TaskFailed(f"serve:{recipe_name}: cannot listen on {host}:{port} (in use, or not this machine's "
                           f"address); pass --port or --host, or set serve.port in recipes/{recipe_name}.yaml")
@@ -88,7 +92,8 @@ def on_vllm(recipe_name: str, s: Served, host: str, port: int):
     proc = subprocess.Popen(argv)
     previous = {sig: signal.signal(sig, lambda sig, _: proc.send_signal(sig)) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        rc = proc.wait()
+        with announced(recipe_name, s, host, port):
+            rc = proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -109,6 +114,19 @@ def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, f
     if backend == "vllm":
         return on_vllm(recipe_name, s, host, port)
     return on_transformers(recipe_name, s, digest, host, port, time_limit)
+
+
+@contextmanager
+def announced(recipe_name: str, s: Served, host: str, port: int):
+    """artifacts/<recipe>/serving.json while the server runs (once the model is loaded and a
+    signal stops it cleanly): which model, where, and this process; the Coach links to it while
+    the process lives."""
+    path = graph.store().root / recipe_name / "serving.json"
+    write_json(path, {"model_id": s.model_id, "url": f"http://{host}:{port}/v1", "pid": os.getpid()})
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def tasks():

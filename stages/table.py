@@ -17,8 +17,8 @@ MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "tokeni
                "chat_template.jinja", "special_tokens_map.json")
 TOKENIZER_FILES = ("tokenizer*", "chat_template.jinja", "special_tokens_map.json")
 TRAINED = ("model/*", "adapter/*")
-# the recipe as the receipt records it: where it is anchored is no part of what it proves
-RECEIPT_SECTIONS = tuple(name for name in Recipe.model_fields if name != "anchor")
+# the recipe as the receipt records it: where it is anchored or published is no part of what it proves
+RECEIPT_SECTIONS = tuple(name for name in Recipe.model_fields if name not in ("anchor", "publish"))
 RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "datasets",
                     "lm-eval", "amd-quark", "safetensors", "blake3", "doit", "pydantic")
 
@@ -57,5 +57,8 @@ STAGES = {s.name: s for s in [
            "checkpoint": ("metrics.jsonl",)},
           ("jinja2", "matplotlib"), "report.html: scores, loss curve, data, plan, stages, anchor (for people)",
           runs=("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"),
+          optional={"anchor": ("anchor.json",)}),
+    Stage("card", "stages.card", ("publish.license",), {"manifest": ("manifest.json",), "eval": ("eval.json",)},
+          ("huggingface-hub",), "README.md: the model card, as the Hugging Face Hub reads one",
           optional={"anchor": ("anchor.json",)}),
 ]}

@@ -74,7 +74,7 @@ def annotation_values(annotation, value) -> list:
     if annotation is float:
         return [0.5, 0.25] if value is None else [round(value * 0.9, 6), round(value * 0.5 + 0.01, 6)]
     if annotation is str:
-        return ["x"] if value is None else [value + "x"]
+        return ["x", "x/y"] if value is None else [value + "x"]  # x/y: a field that takes owner/name
     return []
 
 

@@ -202,6 +202,25 @@ class QuantizeSection(Section):
         return () if scheme == "none" else (scheme,) if isinstance(scheme, str) else tuple(scheme)
 
 
+HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+
+
+class PublishSection(Section):
+    """The model card's license and where `doit publish:<recipe>` uploads the build (--repo
+    overrides `repo`): a Hub model repo, owner/name. Not part of the receipt: where a model is
+    published is no part of what it proves."""
+    license: Optional[str] = Field(None, pattern=r"^[a-z0-9][a-z0-9.+-]*$")  # a Hub license id, e.g. apache-2.0
+    repo: Optional[str] = None
+    private: bool = True
+
+    @field_validator("repo")
+    @classmethod
+    def hub_repo(cls, value):
+        if value is not None and not HUB_REPO.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Hub repo id: give owner/name (letters, digits, . _ -)")
+        return value
+
+
 class ServeSection(Section):
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     host: str = "127.0.0.1"
@@ -248,6 +267,7 @@ class Recipe(Section):
     eval: EvalSection = EvalSection()
     quantize: QuantizeSection = QuantizeSection()
     serve: ServeSection = ServeSection()
+    publish: PublishSection = PublishSection()
     anchor: AnchorSection = AnchorSection()
     checks: ChecksSection = ChecksSection()
 
