@@ -18,7 +18,7 @@ import subprocess
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph
+from stages.engine import project
 from stages.engine.errors import UserError
 from stages.serving import vllm
 from stages.serving.served import Served, served
@@ -27,7 +27,7 @@ from stages.serving.served import Served, served
 def checked(recipe_name: str, quantized: bool, full: bool, scheme: str | None = None) -> tuple[Served, str]:
     """What the recipe's manifest serves, once its files match the receipt, and the manifest's
     digest; raises UserError naming the first file that does not match."""
-    st = graph.store()
+    st = project.store()
     ptr = st.pointer(recipe_name, "manifest")
     if ptr is None:
         raise UserError(f"serve:{recipe_name}: no manifest to serve from; run doit manifest:{recipe_name}")
@@ -98,7 +98,7 @@ def on_vllm(recipe_name: str, s: Served, host: str, port: int):
 def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool, scheme: str | None,
         time_limit: float | None):
     try:
-        r = graph.recipe(recipe_name)
+        r = project.recipe(recipe_name)
         s, digest = checked(recipe_name, quantized, full, scheme)
         backend = engine(recipe_name, r.serve.engine)
     except UserError as e:
@@ -113,7 +113,7 @@ def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, f
 
 def tasks():
     yield {"basename": "serve", "name": None, "doc": "serve the trained (or quantized) model, gated by its manifest"}
-    for name in graph.recipe_names():
+    for name in project.recipe_names():
         yield {
             "basename": "serve", "name": name, "actions": [(run, [name])], "uptodate": [False], "verbosity": 2,
             "params": [

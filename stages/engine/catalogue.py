@@ -2,16 +2,16 @@
 a user picks a target without opening every YAML file. `doit recipes`."""
 from __future__ import annotations
 
-from stages.engine import graph
+from stages.engine.project import recipe_names, root
 
 
 def describe(name: str) -> str:
-    first = (graph.ROOT / "recipes" / f"{name}.yaml").read_text().splitlines()[:1]
+    first = (root() / "recipes" / f"{name}.yaml").read_text().splitlines()[:1]
     return first[0].lstrip("# ").strip() if first and first[0].startswith("#") else "(no description)"
 
 
 def run():
-    names = graph.recipe_names()
+    names = recipe_names()
     width = max(map(len, names), default=0)
     print("\n".join(f"{n:<{width}}  {describe(n)}" for n in names))
 
