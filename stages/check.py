@@ -50,8 +50,6 @@ def run(recipe_name: str):
 
 
 def tasks(table: dict):
-    yield {"basename": "check", "name": None, "doc": "warnings before a wasted training run"}
-    for name in project.recipe_names():
-        yield {"basename": "check", "name": name, "actions": [(run, [name])],
-               "task_dep": [f"shards:{name}", f"plan:{name}"],
-               "uptodate": [(is_built, [name, table["checkpoint"], table])], "verbosity": 2}
+    return project.recipe_tasks("check", "warnings before a wasted training run", lambda name: {
+        "actions": [(run, [name])], "task_dep": [f"shards:{name}", f"plan:{name}"],
+        "uptodate": [(is_built, [name, table["checkpoint"], table])]})

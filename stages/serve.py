@@ -111,24 +111,23 @@ def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, f
     return on_transformers(recipe_name, s, digest, host, port, time_limit)
 
 
+PARAMS = [
+    {"name": "host", "long": "host", "type": str, "default": None,
+     "help": "address to listen on (default: the recipe's serve.host)"},
+    {"name": "port", "long": "port", "type": int, "default": None,
+     "help": "port to listen on (default: the recipe's serve.port)"},
+    {"name": "quantized", "long": "quantized", "type": bool, "default": False,
+     "help": "serve the quantized export instead of the trained model"},
+    {"name": "scheme", "long": "scheme", "type": str, "default": None,
+     "help": "with --quantized: which scheme's export (default: the first quantize.scheme lists)"},
+    {"name": "full", "long": "full", "type": bool, "default": False,
+     "help": "re-read every byte of what is served instead of trusting the stat cache"},
+    {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
+     "help": "seconds one generation may hold the model before it is cut short, finish_reason length "
+             "(transformers engine; default 60)"},
+]
+
+
 def tasks():
-    yield {"basename": "serve", "name": None, "doc": "serve the trained (or quantized) model, gated by its manifest"}
-    for name in project.recipe_names():
-        yield {
-            "basename": "serve", "name": name, "actions": [(run, [name])], "uptodate": [False], "verbosity": 2,
-            "params": [
-                {"name": "host", "long": "host", "type": str, "default": None,
-                 "help": "address to listen on (default: the recipe's serve.host)"},
-                {"name": "port", "long": "port", "type": int, "default": None,
-                 "help": "port to listen on (default: the recipe's serve.port)"},
-                {"name": "quantized", "long": "quantized", "type": bool, "default": False,
-                 "help": "serve the quantized export instead of the trained model"},
-                {"name": "scheme", "long": "scheme", "type": str, "default": None,
-                 "help": "with --quantized: which scheme's export (default: the first quantize.scheme lists)"},
-                {"name": "full", "long": "full", "type": bool, "default": False,
-                 "help": "re-read every byte of what is served instead of trusting the stat cache"},
-                {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
-                 "help": "seconds one generation may hold the model before it is cut short, finish_reason length "
-                         "(transformers engine; default 60)"},
-            ],
-        }
+    return project.recipe_tasks("serve", "serve the trained (or quantized) model, gated by its manifest",
+                                lambda name: {"actions": [(run, [name])], "params": PARAMS})

@@ -2,7 +2,7 @@
 what a stage may read, and verify. It knows no stage by name, and importing it does nothing.
 
     stage.py     a row of the stage table (Stage) and the module it names
-    project.py   the project doit runs in: its directory, its recipes, its store
+    project.py   the project doit runs in: its directory, recipes, store; per-recipe tasks
     inputs.py    what a stage's key is made of (code, recipe fields, upstream digests, versions)
     keys.py      a key: BLAKE3 of the canonical JSON of those inputs
     build.py     a stage built: its Context, its build run, its artifact committed; is_built

@@ -1,5 +1,5 @@
-"""The project doit runs in: its directory, its recipes (recipes/*.yaml) and its store
-(artifacts/).
+"""The project doit runs in: its directory, its recipes (recipes/*.yaml), its store
+(artifacts/), and the per-recipe tasks every verb makes of them.
 
 doit changes to dodo.py's directory before it loads dodo.py, so the project is the working
 directory when first asked for; nothing here runs at import.
@@ -41,3 +41,11 @@ def store() -> Store:
     """The project's store, artifacts/ (one per process: its stat cache stays open)."""
     return Store(root() / "artifacts")
 
+
+def recipe_tasks(basename: str, doc: str, subtask):
+    """doit tasks for a verb done per recipe: `doit <basename>` (described by doc) runs
+    `<basename>:<recipe>` for every recipe, each made by subtask(recipe name) as a dict of its
+    own fields. By default a subtask is an action: run every time, its output shown."""
+    yield {"basename": basename, "name": None, "doc": doc}
+    for name in recipe_names():
+        yield {"basename": basename, "name": name, "uptodate": [False], "verbosity": 2, **subtask(name)}

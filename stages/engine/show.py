@@ -7,7 +7,7 @@ It reads the pointers and the store only; it builds nothing.
 """
 from __future__ import annotations
 
-from stages.engine.project import recipe_names, store
+from stages.engine.project import recipe_tasks, store
 from stages.engine.stage import module
 
 
@@ -34,7 +34,5 @@ def run(recipe_name: str, table: dict):
 
 
 def tasks(table: dict):
-    yield {"basename": "show", "name": None, "doc": "where the current build of a recipe is and what it says"}
-    for name in recipe_names():
-        yield {"basename": "show", "name": name, "actions": [(run, [name, table])], "uptodate": [False],
-               "verbosity": 2}
+    return recipe_tasks("show", "where the current build of a recipe is and what it says",
+                        lambda name: {"actions": [(run, [name, table])]})

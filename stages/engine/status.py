@@ -12,7 +12,7 @@ import json
 from stages.engine import keys, remote
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs
-from stages.engine.project import recipe, recipe_names, store
+from stages.engine.project import recipe, recipe_tasks, store
 
 
 def differences(old, new, path: str = "") -> list[str]:
@@ -102,7 +102,5 @@ def run(recipe_name: str, table: dict):
 
 
 def tasks(table: dict):
-    yield {"basename": "status", "name": None, "doc": "each stage up to date or stale, and why"}
-    for name in recipe_names():
-        yield {"basename": "status", "name": name, "actions": [(run, [name, table])], "uptodate": [False],
-               "verbosity": 2}
+    return recipe_tasks("status", "each stage up to date or stale, and why",
+                        lambda name: {"actions": [(run, [name, table])]})

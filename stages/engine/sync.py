@@ -14,7 +14,7 @@ from doit.exceptions import TaskFailed
 from stages.engine import keys, remote
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs
-from stages.engine.project import recipe_names, store
+from stages.engine.project import recipe_tasks, store
 
 
 def current_keys(recipe_name: str, table: dict) -> list[tuple[str, str]]:
@@ -125,7 +125,4 @@ def tasks(table: dict, verb: str):
              if name == "manifest" or name in table["manifest"].upstream}
     action, doc = {"push": (push, "upload the recipe's current build to the remote cache"),
                    "pull": (pull, "install the recipe's build from the remote cache")}[verb]
-    yield {"basename": verb, "name": None, "doc": doc}
-    for name in recipe_names():
-        yield {"basename": verb, "name": name, "actions": [(action, [name, table])], "params": PARAMS,
-               "uptodate": [False], "verbosity": 2}
+    return recipe_tasks(verb, doc, lambda name: {"actions": [(action, [name, table])], "params": PARAMS})

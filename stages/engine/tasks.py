@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stages.engine.build import build, is_built
 from stages.engine.console import Reporter
-from stages.engine.project import recipe_names, root
+from stages.engine.project import recipe_tasks, root
 from stages.engine.stage import Stage
 
 
@@ -12,16 +12,11 @@ def stage_tasks(stage: Stage, table: dict[str, Stage]):
     """doit task generator: one subtask per recipe, e.g. checkpoint:tiny. An optional upstream
     is no task_dep (doit has no order-only dependency): `doit anchor:tiny report:tiny` runs
     them in the order named."""
-    yield {"basename": stage.name, "name": None, "doc": stage.doc}
-    for name in recipe_names():
-        yield {
-            "basename": stage.name,
-            "name": name,
-            "actions": [(build, [name, stage, table])],
-            "uptodate": [(is_built, [name, stage, table])],
-            "task_dep": [f"{up}:{name}" for up in stage.upstream] + [f"{a}:{name}" for a in stage.after],
-            "verbosity": 2,
-        }
+    return recipe_tasks(stage.name, stage.doc, lambda name: {
+        "actions": [(build, [name, stage, table])],
+        "uptodate": [(is_built, [name, stage, table])],
+        "task_dep": [f"{up}:{name}" for up in stage.upstream] + [f"{a}:{name}" for a in stage.after],
+    })
 
 
 class StageTasks:

@@ -24,7 +24,7 @@ from doit.exceptions import TaskFailed
 from stages.engine import receipt
 from stages.engine.declared import recipe_view
 from stages.engine.errors import UserError
-from stages.engine.project import recipe, recipe_names, root, store
+from stages.engine.project import recipe, recipe_names, recipe_tasks, root, store
 from stages.engine.stage import module
 from stages.engine.store import hash_file, list_files, merkle
 
@@ -131,23 +131,18 @@ def tasks(table: dict):
     # (verify:+all, a name no recipe can have); naming one (`doit verify:tiny_lora`) requires its
     # manifest to exist and fails at once.
     named = {arg.split(":", 1)[1] for arg in sys.argv[1:] if arg.startswith("verify:")}
-    names = recipe_names()
-    yield {"basename": "verify", "name": None, "doc": "re-hash every artifact against its manifest"}
-    for name in names:
-        yield {
-            "name": name,
-            "actions": [(run, [name, name in named, table])],
-            "params": [{"name": "full", "long": "full", "type": bool, "default": False,
-                        "help": "re-read every byte instead of trusting the stat cache"},
-                       {"name": "require_anchor", "long": "require-anchor", "type": bool, "default": False,
-                        "help": "fail, instead of saying so, where an anchored recipe's chain cannot be read"}],
-            "uptodate": [False],
-            "verbosity": 2,
-        }
+    yield from recipe_tasks("verify", "re-hash every artifact against its manifest", lambda name: {
+        "actions": [(run, [name, name in named, table])],
+        "params": [{"name": "full", "long": "full", "type": bool, "default": False,
+                    "help": "re-read every byte instead of trusting the stat cache"},
+                   {"name": "require_anchor", "long": "require-anchor", "type": bool, "default": False,
+                    "help": "fail, instead of saying so, where an anchored recipe's chain cannot be read"}],
+    })
     yield {
+        "basename": "verify",
         "name": "+all",
         "actions": [count],
-        "getargs": {name: (f"verify:{name}", "outcome") for name in names},
+        "getargs": {name: (f"verify:{name}", "outcome") for name in recipe_names()},
         "uptodate": [False],
         "verbosity": 2,
     }
