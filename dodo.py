@@ -1,15 +1,15 @@
 """mindxtrain: `doit manifest:<recipe>` builds recipes/<recipe>.yaml; `doit verify` checks receipts.
 
 Thin: every row of the stage table (stages/table.py) becomes a doit task with one subtask
-per recipe (stages/engine/graph.py); verify, show, status, push and pull are the engine's own
+per recipe (stages/engine/tasks.py); verify, show, status, push and pull are the engine's own
 tasks; check, serve, publish and coach are actions.
 """
 from stages import check, coach, publish, serve
-from stages.engine import catalogue, graph, show, status, sync, verify
+from stages.engine import catalogue, show, status, sync, tasks, verify
 from stages.table import STAGES
 
-DOIT_CONFIG = graph.DOIT_CONFIG
-globals().update(graph.task_creators(STAGES))
+DOIT_CONFIG = tasks.doit_config()
+globals().update(tasks.task_creators(STAGES))
 
 
 def task_verify():

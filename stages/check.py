@@ -12,7 +12,8 @@ import json
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph
+from stages.engine import project
+from stages.engine.build import is_built
 
 
 def warnings(recipe, stats: dict, recipe_name: str) -> list[str]:
@@ -36,10 +37,10 @@ def warnings(recipe, stats: dict, recipe_name: str) -> list[str]:
 
 
 def run(recipe_name: str):
-    st = graph.store()
+    st = project.store()
     ptr = st.pointer(recipe_name, "shards")
     stats = json.loads((st.path("shards", ptr["key"]) / "stats.json").read_text())
-    r = graph.recipe(recipe_name)
+    r = project.recipe(recipe_name)
     found = warnings(r, stats, recipe_name)
     if found and r.checks.as_errors:
         return TaskFailed("\n".join(f"check: {line}; checks.as_errors is set" for line in found))
@@ -49,8 +50,6 @@ def run(recipe_name: str):
 
 
 def tasks(table: dict):
-    yield {"basename": "check", "name": None, "doc": "warnings before a wasted training run"}
-    for name in graph.recipe_names():
-        yield {"basename": "check", "name": name, "actions": [(run, [name])],
-               "task_dep": [f"shards:{name}", f"plan:{name}"],
-               "uptodate": [(graph.is_built, [name, table["checkpoint"], table])], "verbosity": 2}
+    return project.recipe_tasks("check", "warnings before a wasted training run", lambda name: {
+        "actions": [(run, [name])], "task_dep": [f"shards:{name}", f"plan:{name}"],
+        "uptodate": [(is_built, [name, table["checkpoint"], table])]})

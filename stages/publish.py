@@ -18,7 +18,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph, keys, verify
+from stages.engine import inputs, keys, project, verify
 from stages.engine.errors import UserError
 from stages.engine.recipe import HUB_REPO
 
@@ -28,13 +28,13 @@ TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json
 def uploads(recipe_name: str, table: dict) -> tuple[list[tuple[str, Path]], dict]:
     """(path in the repo, local file) of everything a publish uploads, and the manifest's pointer,
     once the receipt verifies and the card of this build is built; UserError otherwise."""
-    st = graph.store()
+    st = project.store()
     found = verify.problems(recipe_name, full=False)
     found = found or verify.self_consistent(recipe_name, table)[0]
     if found:
         raise UserError(f"publish:{recipe_name}: the receipt does not verify ({found[0]}); nothing uploaded")
     manifest_ptr = st.pointer(recipe_name, "manifest")
-    card = graph.built_for(recipe_name, table["card"], table)
+    card = inputs.built_for(recipe_name, table["card"], table)
     if card is None:
         raise UserError(f"publish:{recipe_name}: no model card of this build; run doit card:{recipe_name}")
     manifest = json.loads((st.path("manifest", manifest_ptr["key"]) / "manifest.json").read_text())
@@ -49,7 +49,7 @@ def uploads(recipe_name: str, table: dict) -> tuple[list[tuple[str, Path]], dict
     files += [(f"quantized/{rel}", obj["quantized"] / rel) for rel in sorted(arts["quantized"]["files"])
               if "/" in rel]
     files.append(("mindxtrain/manifest.json", st.path("manifest", manifest_ptr["key"]) / "manifest.json"))
-    anchor = graph.built_for(recipe_name, table["anchor"], table)
+    anchor = inputs.built_for(recipe_name, table["anchor"], table)
     if anchor is not None:
         files.append(("mindxtrain/anchor.json", st.path("anchor", anchor["key"]) / "anchor.json"))
     return files, {"manifest": manifest_ptr["digest"], "card": card["digest"]}
@@ -76,7 +76,7 @@ def upload(repo: str, private: bool, files: list[tuple[str, Path]], message: str
 
 def record(recipe_name: str, inputs: dict, published: dict) -> None:
     """published.json in the store under the key of what was published, and the recipe's pointer."""
-    st, key = graph.store(), keys.key_of(inputs)
+    st, key = project.store(), keys.key_of(inputs)
     with st.building("publish", key, lambda: None):
         tmp = st.temp_dir("publish", key)
         try:
@@ -89,7 +89,7 @@ def record(recipe_name: str, inputs: dict, published: dict) -> None:
 
 def run(recipe_name: str, table: dict, repo: str | None, dry_run: bool):
     try:
-        r = graph.recipe(recipe_name)
+        r = project.recipe(recipe_name)
         repo = repo or r.publish.repo
         if repo is None or not HUB_REPO.fullmatch(repo):
             raise UserError(f"publish:{recipe_name}: say where: --repo owner/name, or publish.repo in "
@@ -110,12 +110,13 @@ def run(recipe_name: str, table: dict, repo: str | None, dry_run: bool):
     return None
 
 
+PARAMS = [{"name": "repo", "long": "repo", "type": str, "default": None,
+           "help": "the Hub model repo, owner/name (default: the recipe's publish.repo)"},
+          {"name": "dry_run", "long": "dry-run", "type": bool, "default": False,
+           "help": "list what would be uploaded; contact nothing"}]
+
+
 def tasks(table: dict):
-    yield {"basename": "publish", "name": None, "doc": "upload the build, its model card and receipt to the Hub"}
-    for name in graph.recipe_names():
-        yield {"basename": "publish", "name": name, "actions": [(run, [name, table])],
-               "task_dep": [f"card:{name}"], "uptodate": [False], "verbosity": 2,
-               "params": [{"name": "repo", "long": "repo", "type": str, "default": None,
-                           "help": "the Hub model repo, owner/name (default: the recipe's publish.repo)"},
-                          {"name": "dry_run", "long": "dry-run", "type": bool, "default": False,
-                           "help": "list what would be uploaded; contact nothing"}]}
+    return project.recipe_tasks("publish", "upload the build, its model card and receipt to the Hub",
+                                lambda name: {"actions": [(run, [name, table])], "task_dep": [f"card:{name}"],
+                                              "params": PARAMS})

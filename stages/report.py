@@ -3,7 +3,7 @@ and quantized models, the loss curve, what happened to the data (every drop by r
 dropped rows), the plan's decisions and the probe's measurements, and every stage's key, digest
 and wall time, and where the manifest is anchored on a chain, if it is. Built from the manifest
 and the files it names, plus the stages' run-time measurements, which are therefore part of its
-key (stages/engine/graph.py: Stage.runs), and the anchor's anchor.json where `doit anchor` has
+key (stages/engine/stage.py: Stage.runs), and the anchor's anchor.json where `doit anchor` has
 anchored this manifest (an optional upstream: reporting never needs the chain).
 `doit report:<recipe>`; the page is at artifacts/<recipe>/latest/report/report.html."""
 from __future__ import annotations

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph
+from stages.engine import project
 from stages.engine.errors import UserError
 from stages.engine.store import write_json
 from stages.serving import vllm
@@ -30,7 +30,7 @@ from stages.serving.served import Served, served
 def checked(recipe_name: str, quantized: bool, full: bool, scheme: str | None = None) -> tuple[Served, str]:
     """What the recipe's manifest serves, once its files match the receipt, and the manifest's
     digest; raises UserError naming the first file that does not match."""
-    st = graph.store()
+    st = project.store()
     ptr = st.pointer(recipe_name, "manifest")
     if ptr is None:
         raise UserError(f"serve:{recipe_name}: no manifest to serve from; run doit manifest:{recipe_name}")
@@ -103,7 +103,7 @@ def on_vllm(recipe_name: str, s: Served, host: str, port: int):
 def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool, scheme: str | None,
         time_limit: float | None):
     try:
-        r = graph.recipe(recipe_name)
+        r = project.recipe(recipe_name)
         s, digest = checked(recipe_name, quantized, full, scheme)
         backend = engine(recipe_name, r.serve.engine)
     except UserError as e:
@@ -121,7 +121,7 @@ def announced(recipe_name: str, s: Served, host: str, port: int):
     """artifacts/<recipe>/serving.json while the server runs (once the model is loaded and a
     signal stops it cleanly): which model, where, and this process; the Coach links to it while
     the process lives."""
-    path = graph.store().root / recipe_name / "serving.json"
+    path = project.store().root / recipe_name / "serving.json"
     write_json(path, {"model_id": s.model_id, "url": f"http://{host}:{port}/v1", "pid": os.getpid()})
     try:
         yield
@@ -129,24 +129,23 @@ def announced(recipe_name: str, s: Served, host: str, port: int):
         path.unlink(missing_ok=True)
 
 
+PARAMS = [
+    {"name": "host", "long": "host", "type": str, "default": None,
+     "help": "address to listen on (default: the recipe's serve.host)"},
+    {"name": "port", "long": "port", "type": int, "default": None,
+     "help": "port to listen on (default: the recipe's serve.port)"},
+    {"name": "quantized", "long": "quantized", "type": bool, "default": False,
+     "help": "serve the quantized export instead of the trained model"},
+    {"name": "scheme", "long": "scheme", "type": str, "default": None,
+     "help": "with --quantized: which scheme's export (default: the first quantize.scheme lists)"},
+    {"name": "full", "long": "full", "type": bool, "default": False,
+     "help": "re-read every byte of what is served instead of trusting the stat cache"},
+    {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
+     "help": "seconds one generation may hold the model before it is cut short, finish_reason length "
+             "(transformers engine; default 60)"},
+]
+
+
 def tasks():
-    yield {"basename": "serve", "name": None, "doc": "serve the trained (or quantized) model, gated by its manifest"}
-    for name in graph.recipe_names():
-        yield {
-            "basename": "serve", "name": name, "actions": [(run, [name])], "uptodate": [False], "verbosity": 2,
-            "params": [
-                {"name": "host", "long": "host", "type": str, "default": None,
-                 "help": "address to listen on (default: the recipe's serve.host)"},
-                {"name": "port", "long": "port", "type": int, "default": None,
-                 "help": "port to listen on (default: the recipe's serve.port)"},
-                {"name": "quantized", "long": "quantized", "type": bool, "default": False,
-                 "help": "serve the quantized export instead of the trained model"},
-                {"name": "scheme", "long": "scheme", "type": str, "default": None,
-                 "help": "with --quantized: which scheme's export (default: the first quantize.scheme lists)"},
-                {"name": "full", "long": "full", "type": bool, "default": False,
-                 "help": "re-read every byte of what is served instead of trusting the stat cache"},
-                {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
-                 "help": "seconds one generation may hold the model before it is cut short, finish_reason length "
-                         "(transformers engine; default 60)"},
-            ],
-        }
+    return project.recipe_tasks("serve", "serve the trained (or quantized) model, gated by its manifest",
+                                lambda name: {"actions": [(run, [name])], "params": PARAMS})

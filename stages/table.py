@@ -1,6 +1,6 @@
 """The stage table: every stage of the build, one row each, in build order.
 
-A row is deps + params + outs, nothing hidden (stages/engine/graph.py's Stage): the recipe
+A row is deps + params + outs, nothing hidden (stages/engine/stage.py): the recipe
 paths the stage reads, the files of each upstream artifact it reads (by pattern; `optional=`
 for an upstream read only where it is built for this build), the libraries whose versions shape
 its output, and its module, whose build(ctx, out) makes the artifact. A row reads only rows
@@ -10,8 +10,8 @@ beside the others and add its row here; dodo.py makes a task of every row.
 """
 from __future__ import annotations
 
-from stages.engine.graph import Stage
 from stages.engine.recipe import Recipe
+from stages.engine.stage import Stage
 
 MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "tokenizer*",
                "chat_template.jinja", "special_tokens_map.json")

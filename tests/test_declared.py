@@ -115,14 +115,15 @@ def key_changes(project: Path) -> dict:
     import os
 
     os.chdir(project)
-    from stages.engine import graph, keys
+    from stages.engine import keys
     from stages.engine.errors import UserError
+    from stages.engine.inputs import key_inputs
 
     def stage_keys(recipe: Recipe) -> dict:
         out = {}
         for name, stage in STAGES.items():
             try:
-                out[name] = keys.key_of(graph.key_inputs("tiny", stage, STAGES, recipe))
+                out[name] = keys.key_of(key_inputs("tiny", stage, STAGES, recipe))
             except UserError as e:
                 out[name] = f"error: {e}"
         return out

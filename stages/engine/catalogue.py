@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import textwrap
 
-from stages.engine import graph
+from stages.engine.project import recipe_names, root
 
 READ = 1 << 16  # the description is the file's first lines: never read a whole (hostile) file for it
 
 
 def description(name: str) -> str:
     """The recipe file's leading comment lines, joined into one paragraph."""
-    with open(graph.ROOT / "recipes" / f"{name}.yaml", encoding="utf-8-sig", errors="replace") as f:
+    with open(root() / "recipes" / f"{name}.yaml", encoding="utf-8-sig", errors="replace") as f:
         head = f.read(READ).splitlines()
     lines = []
     for line in head:
@@ -22,7 +22,7 @@ def description(name: str) -> str:
 
 
 def run():
-    names = graph.recipe_names()
+    names = recipe_names()
     width = max(map(len, names), default=0)
     for name in names:
         text = textwrap.wrap(description(name), width=max(40, 100 - width - 2))

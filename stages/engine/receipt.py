@@ -17,8 +17,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from stages.engine import graph, keys
+from stages.engine import keys
+from stages.engine.build import context
+from stages.engine.inputs import code_files
+from stages.engine.project import store
 from stages.engine.recipe import Recipe
+from stages.engine.stage import module
 from stages.engine.store import merkle, select, shown
 
 
@@ -82,7 +86,7 @@ def upstream_problem(what: str, recorded: dict, patterns: dict, artifacts: dict)
 def artifact_problems(manifest: dict, table: dict) -> list[str]:
     """For each artifact the manifest names: its key is the hash of its recorded inputs, which
     were computed from the receipt's recipe and upstream files. The first problem of each."""
-    store, found = graph.store(), []
+    st, found = store(), []
     artifacts = manifest.get("artifacts") or {}
     for stage in sorted(artifacts, key=lambda s: list(table).index(s) if s in table else len(table)):
         art, what = artifacts[stage], shown(stage)
@@ -90,7 +94,7 @@ def artifact_problems(manifest: dict, table: dict) -> list[str]:
         if not isinstance(inputs, dict):
             found.append(f"{what}: the receipt records no inputs for it; rebuild the manifest")
             continue
-        stored = store.sidecar(stage, art["key"]) or {}
+        stored = st.sidecar(stage, art["key"]) or {}
         problem = key_problem(what, art["key"], inputs, stored.get("inputs"))
         for param, value in sorted((inputs.get("params") or {}).items()):
             if problem is None and at(manifest["recipe"], param) != value:
@@ -118,10 +122,10 @@ def rederived(recipe_name: str, manifest: dict, key: str, text: str, table: dict
     log.addHandler(logging.NullHandler())
     log.propagate = False
     with tempfile.TemporaryDirectory(prefix="receipt-") as tmp:
-        ctx = graph.context(manifest.get("recipe_name", recipe_name), stage, recipe, own_inputs(manifest), key,
+        ctx = context(manifest.get("recipe_name", recipe_name), stage, recipe, own_inputs(manifest), key,
                             artifacts, Path(tmp) / "inputs", log)
         (Path(tmp) / "out").mkdir()
-        graph.module(stage).build(ctx, Path(tmp) / "out")
+        module(stage).build(ctx, Path(tmp) / "out")
         again = (Path(tmp) / "out" / "manifest.json").read_text()
     if again == text:
         return None
@@ -143,14 +147,14 @@ def problems(recipe_name: str, key: str, text: str, table: dict) -> tuple[list[s
     if not isinstance(manifest, dict) or any(v is None for v in inputs.values()) or "artifacts" not in manifest:
         return [f"manifest: the receipt records no inputs (made before receipts did); rebuild it with "
                 f"doit manifest:{recipe_name}"], []
-    stored = graph.store().sidecar("manifest", key) or {}
+    stored = store().sidecar("manifest", key) or {}
     found = [p for p in (key_problem("manifest", key, inputs, stored.get("inputs")),
                          upstream_problem("manifest", inputs["upstream"], table["manifest"].upstream,
                                           manifest["artifacts"])) if p]
     found += artifact_problems(manifest, table)
     if found:
         return found, []
-    if graph.code_files([table["manifest"].module]) != manifest["code"]:
+    if code_files([table["manifest"].module]) != manifest["code"]:
         return [], ["manifest: made by other code than this checkout's stages/manifest.py: its fields were not "
                     "re-derived (doit manifest:%s rebuilds it)" % recipe_name]
     problem = rederived(recipe_name, manifest, key, text, table)

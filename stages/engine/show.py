@@ -7,13 +7,12 @@ It reads the pointers and the store only; it builds nothing.
 """
 from __future__ import annotations
 
-import importlib
-
-from stages.engine import graph
+from stages.engine.project import recipe_tasks, store
+from stages.engine.stage import module
 
 
 def lines(recipe_name: str, table: dict) -> list[str]:
-    st = graph.store()
+    st = store()
     out = [f"{recipe_name}: recipes/{recipe_name}.yaml"]
     for name, stage in table.items():
         ptr = st.pointer(recipe_name, name)
@@ -24,7 +23,7 @@ def lines(recipe_name: str, table: dict) -> list[str]:
         took = f", built in {seconds:.1f}s" if seconds is not None else ""
         out.append(f"  {name:<10} key {ptr['key'][:12]}  digest {ptr['digest'][:12]}  "
                    f"artifacts/{recipe_name}/latest/{name}/{took}")
-        summary = getattr(importlib.import_module(stage.module), "summary", None)
+        summary = getattr(module(stage), "summary", None)
         if summary is not None:
             out += [f"{'':13}{line}" for line in summary(st.path(name, ptr["key"]))]
     return out
@@ -35,7 +34,5 @@ def run(recipe_name: str, table: dict):
 
 
 def tasks(table: dict):
-    yield {"basename": "show", "name": None, "doc": "where the current build of a recipe is and what it says"}
-    for name in graph.recipe_names():
-        yield {"basename": "show", "name": name, "actions": [(run, [name, table])], "uptodate": [False],
-               "verbosity": 2}
+    return recipe_tasks("show", "where the current build of a recipe is and what it says",
+                        lambda name: {"actions": [(run, [name, table])]})

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 
-from stages.engine import graph, keys, remote
+from stages.engine import keys, remote
 from stages.engine.errors import UserError
+from stages.engine.inputs import key_inputs
+from stages.engine.project import recipe, recipe_tasks, store
 
 
 def differences(old, new, path: str = "") -> list[str]:
@@ -40,7 +42,7 @@ def why(old: dict, new: dict) -> list[str]:
             found.append(f"upstream {up} changed")
     for up in sorted(set(old.get("optional", {})) | set(new.get("optional", {}))):
         was, now = old.get("optional", {}).get(up), new.get("optional", {}).get(up)
-        if was != now:  # an optional upstream: read where built for this build (graph.built_for)
+        if was != now:  # an optional upstream: read where built for this build (inputs.built_for)
             found.append(f"{up} now built" if was is None else
                          f"{up} no longer built for this build" if now is None else f"{up} changed")
     return found or ["its inputs changed"]
@@ -55,14 +57,14 @@ def previous_inputs(st, recipe_name: str, stage: str) -> dict | None:
 
 def lines(recipe_name: str, table: dict) -> list[str]:
     try:
-        graph.recipe(recipe_name)
+        recipe(recipe_name)
     except UserError as e:  # one line for a recipe that does not load, not one per stage
         return [f"{recipe_name}: cannot build: {e}"]
-    st, out, stale = graph.store(), [f"{recipe_name}:"], []
+    st, out, stale = store(), [f"{recipe_name}:"], []
     for name, stage in table.items():
         waits = [up for up in stage.upstream if up in stale]
         try:
-            inputs = graph.key_inputs(recipe_name, stage, table)
+            inputs = key_inputs(recipe_name, stage, table)
         except UserError as e:
             stale.append(name)
             out.append(f"  {name:<10} " + (f"waits on {', '.join(waits)}" if waits else f"cannot build yet: {e}"))
@@ -100,7 +102,5 @@ def run(recipe_name: str, table: dict):
 
 
 def tasks(table: dict):
-    yield {"basename": "status", "name": None, "doc": "each stage up to date or stale, and why"}
-    for name in graph.recipe_names():
-        yield {"basename": "status", "name": name, "actions": [(run, [name, table])], "uptodate": [False],
-               "verbosity": 2}
+    return recipe_tasks("status", "each stage up to date or stale, and why",
+                        lambda name: {"actions": [(run, [name, table])]})

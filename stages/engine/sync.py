@@ -11,15 +11,17 @@ import json
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph, keys, remote
+from stages.engine import keys, remote
 from stages.engine.errors import UserError
+from stages.engine.inputs import key_inputs
+from stages.engine.project import recipe_tasks, store
 
 
 def current_keys(recipe_name: str, table: dict) -> list[tuple[str, str]]:
     """Each stage's key for the recipe as it is now, all built; UserError naming the first not built."""
-    st, found = graph.store(), []
+    st, found = store(), []
     for name, stage in table.items():
-        key = keys.key_of(graph.key_inputs(recipe_name, stage, table))
+        key = keys.key_of(key_inputs(recipe_name, stage, table))
         if st.damage(name, key):
             raise UserError(f"push:{recipe_name}: {name} is not built as the recipe is now; "
                             f"run doit manifest:{recipe_name}, then push")
@@ -31,7 +33,7 @@ def current_keys(recipe_name: str, table: dict) -> list[tuple[str, str]]:
 def named_by_manifest(recipe_name: str) -> list[tuple[str, str]]:
     """The entries the recipe's manifest names, which verify checks: where an upstream was rebuilt
     with the same bytes under a new key (early cutoff), the manifest still names the earlier key."""
-    st = graph.store()
+    st = store()
     manifest = json.loads((st.path("manifest", st.pointer(recipe_name, "manifest")["key"]) / "manifest.json").read_text())
     return [(name, art["key"]) for name, art in manifest["artifacts"].items()]
 
@@ -39,7 +41,7 @@ def named_by_manifest(recipe_name: str) -> list[tuple[str, str]]:
 def named_by_pulled_manifest(rem, recipe_name: str, table: dict) -> list[tuple[str, str]]:
     """named_by_manifest for a manifest the remote gave, whose names are data to check as an entry's
     `also` is: each a stage of the table with a key's form, else a one-line Rejected naming the entry."""
-    where = rem.where("manifest", graph.store().pointer(recipe_name, "manifest")["key"])
+    where = rem.where("manifest", store().pointer(recipe_name, "manifest")["key"])
     try:
         named = named_by_manifest(recipe_name)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
@@ -54,7 +56,7 @@ def named_by_pulled_manifest(rem, recipe_name: str, table: dict) -> list[tuple[s
 
 
 def push(recipe_name: str, table: dict, remote_url: str = ""):
-    st = graph.store()
+    st = store()
     try:
         rem = remote.configured(remote_url)
         current = current_keys(recipe_name, table)
@@ -79,7 +81,7 @@ def push(recipe_name: str, table: dict, remote_url: str = ""):
 def install(rem, recipe_name: str, name: str, key: str, table: dict) -> bool:
     """One entry from the remote into the store, unless it is there; False where the remote lacks it.
     The remote is untrusted: the stage table says which stages an entry may name."""
-    st = graph.store()
+    st = store()
     if not st.damage(name, key):
         print(f"{name}:{recipe_name}: {key[:12]} already in the store", flush=True)
         return True
@@ -91,11 +93,11 @@ def install(rem, recipe_name: str, name: str, key: str, table: dict) -> bool:
 
 
 def pull(recipe_name: str, table: dict, remote_url: str = ""):
-    st = graph.store()
+    st = store()
     try:
         rem = remote.configured(remote_url)
         for name, stage in table.items():
-            key = keys.key_of(graph.key_inputs(recipe_name, stage, table))
+            key = keys.key_of(key_inputs(recipe_name, stage, table))
             if not install(rem, recipe_name, name, key, table):
                 return TaskFailed(f"pull:{recipe_name}: {name} ({key[:12]}) is not in the remote {rem.url}; "
                                   f"build it with doit manifest:{recipe_name} (and push it)")
@@ -123,7 +125,4 @@ def tasks(table: dict, verb: str):
              if name == "manifest" or name in table["manifest"].upstream}
     action, doc = {"push": (push, "upload the recipe's current build to the remote cache"),
                    "pull": (pull, "install the recipe's build from the remote cache")}[verb]
-    yield {"basename": verb, "name": None, "doc": doc}
-    for name in graph.recipe_names():
-        yield {"basename": verb, "name": name, "actions": [(action, [name, table])], "params": PARAMS,
-               "uptodate": [False], "verbosity": 2}
+    return recipe_tasks(verb, doc, lambda name: {"actions": [(action, [name, table])], "params": PARAMS})

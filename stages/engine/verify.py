@@ -21,15 +21,17 @@ import sys
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import graph, receipt
+from stages.engine import receipt
 from stages.engine.declared import recipe_view
 from stages.engine.errors import UserError
+from stages.engine.project import recipe, recipe_names, recipe_tasks, root, store
+from stages.engine.stage import module
 from stages.engine.store import hash_file, list_files, merkle
 
 
 def problems(recipe_name: str, full: bool) -> list[str]:
     """One line per difference between the store and the recipe's manifest ([] when intact)."""
-    st = graph.store()
+    st = store()
     ptr = st.pointer(recipe_name, "manifest")
     if ptr is None:
         return [f"{recipe_name}: no manifest; run doit manifest:{recipe_name}"]
@@ -46,8 +48,8 @@ def problems(recipe_name: str, full: bool) -> list[str]:
 def self_consistent(recipe_name: str, table: dict) -> tuple[list[str], list[str]]:
     """(problems, notes) of the receipt itself: every key it names is what its recorded inputs
     hash to, and those are its recipe and upstream digests (stages/engine/receipt.py)."""
-    key = graph.store().pointer(recipe_name, "manifest")["key"]
-    text = (graph.store().path("manifest", key) / "manifest.json").read_text()
+    key = store().pointer(recipe_name, "manifest")["key"]
+    text = (store().path("manifest", key) / "manifest.json").read_text()
     found, notes = receipt.problems(recipe_name, key, text, table)
     return [f"{recipe_name}: {line}" for line in found], [f"{recipe_name}: {line}" for line in notes]
 
@@ -57,7 +59,7 @@ def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bo
     one's artifact re-hashed where the recipe has one, then its module's verify(), given the
     artifact (None where there is none: whether that is a problem is the module's to say) and
     the manifest's digest computed from its bytes (not from the store's record of them)."""
-    st, found, notes = graph.store(), [], []
+    st, found, notes = store(), [], []
     ptr = st.pointer(recipe_name, "manifest")
     obj = st.path("manifest", ptr["key"])
     try:
@@ -66,7 +68,7 @@ def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bo
         return [], []  # no manifest to check against the world (the store's checks say why)
     digest = merkle({rel: hash_file(obj / rel) for rel in list_files(obj)})
     for name, stage in table.items():
-        check = name not in covered and getattr(graph.module(stage), "verify", None)
+        check = name not in covered and getattr(module(stage), "verify", None)
         if not check:
             continue
         own = st.pointer(recipe_name, name)
@@ -75,9 +77,9 @@ def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bo
             found += damage
             continue
         try:
-            view = recipe_view(graph.recipe(recipe_name), stage.params + stage.settings, name)
+            view = recipe_view(recipe(recipe_name), stage.params + stage.settings, name)
             artifact = own and st.path(name, own["key"])
-            bad, note = check(view, recipe_name=recipe_name, root=graph.ROOT, artifact=artifact, digest=digest,
+            bad, note = check(view, recipe_name=recipe_name, root=root(), artifact=artifact, digest=digest,
                               require_anchor=require_anchor)
         except UserError as e:
             bad, note = [str(e)], None
@@ -92,7 +94,7 @@ def run(recipe_name: str, named: bool, table: dict, full: bool, require_anchor: 
     outcome instead, so that every recipe is checked and the last task fails with the count."""
     full = full or os.environ.get("MINDXTRAIN_VERIFY_FULL") == "1"
     require_anchor = require_anchor or os.environ.get("MINDXTRAIN_VERIFY_REQUIRE_ANCHOR") == "1"
-    if not named and graph.store().pointer(recipe_name, "manifest") is None:
+    if not named and store().pointer(recipe_name, "manifest") is None:
         print(f"verify: {recipe_name}: never built, nothing to check")
         return {"outcome": "never built"}
     found, notes = problems(recipe_name, full), []
@@ -129,23 +131,18 @@ def tasks(table: dict):
     # (verify:+all, a name no recipe can have); naming one (`doit verify:tiny_lora`) requires its
     # manifest to exist and fails at once.
     named = {arg.split(":", 1)[1] for arg in sys.argv[1:] if arg.startswith("verify:")}
-    names = graph.recipe_names()
-    yield {"basename": "verify", "name": None, "doc": "re-hash every artifact against its manifest"}
-    for name in names:
-        yield {
-            "name": name,
-            "actions": [(run, [name, name in named, table])],
-            "params": [{"name": "full", "long": "full", "type": bool, "default": False,
-                        "help": "re-read every byte instead of trusting the stat cache"},
-                       {"name": "require_anchor", "long": "require-anchor", "type": bool, "default": False,
-                        "help": "fail, instead of saying so, where an anchored recipe's chain cannot be read"}],
-            "uptodate": [False],
-            "verbosity": 2,
-        }
+    yield from recipe_tasks("verify", "re-hash every artifact against its manifest", lambda name: {
+        "actions": [(run, [name, name in named, table])],
+        "params": [{"name": "full", "long": "full", "type": bool, "default": False,
+                    "help": "re-read every byte instead of trusting the stat cache"},
+                   {"name": "require_anchor", "long": "require-anchor", "type": bool, "default": False,
+                    "help": "fail, instead of saying so, where an anchored recipe's chain cannot be read"}],
+    })
     yield {
+        "basename": "verify",
         "name": "+all",
         "actions": [count],
-        "getargs": {name: (f"verify:{name}", "outcome") for name in names},
+        "getargs": {name: (f"verify:{name}", "outcome") for name in recipe_names()},
         "uptodate": [False],
         "verbosity": 2,
     }

@@ -17,7 +17,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stages.engine import catalogue, graph, status
+from stages.engine import catalogue, project, status
 from stages.engine.errors import UserError
 from stages.engine.store import read_json
 
@@ -42,11 +42,11 @@ def catalogue_rows() -> list[dict]:
     """Every recipe of recipes/: its name, whole description, model, method, hardware and the GPU
     memory it states it needs; a recipe that does not load shows its one-line error instead."""
     rows = []
-    for name in graph.recipe_names():
+    for name in project.recipe_names():
         row = {"name": name, "description": catalogue.description(name)}
         needs = NEEDS.search(row["description"])
         try:
-            r = graph.recipe(name)
+            r = project.recipe(name)
         except UserError as e:
             rows.append({**row, "error": str(e)})
             continue
@@ -65,7 +65,7 @@ def built_at(path: Path) -> str:
 def builds(name: str) -> list[dict]:
     """Every manifest of the recipe in the store, oldest first: its key, digest, when it was built,
     whether the recipe resolves to it now, and the trained model's scores."""
-    st, found = graph.store(), []
+    st, found = project.store(), []
     current = (st.pointer(name, "manifest") or {}).get("key")
     for sidecar in (st.objects / "manifest").glob("*.json"):
         key, meta = sidecar.stem, read_json(sidecar)
@@ -79,7 +79,7 @@ def builds(name: str) -> list[dict]:
 
 def stage_graph(name: str, table: dict) -> list[dict]:
     """The stage table as this recipe resolves it now: each stage, what it reads, its key and digest."""
-    st, rows = graph.store(), []
+    st, rows = project.store(), []
     for stage, row in table.items():
         ptr = st.pointer(name, stage)
         rows.append({"name": stage, "upstream": list(row.upstream) + [f"{u} (optional)" for u in row.optional],
@@ -91,7 +91,7 @@ def manifest_of(name: str, key: str) -> dict | None:
     """The manifest stored under `key`, if it is one of this recipe's."""
     if not KEY.fullmatch(key or ""):
         return None
-    manifest = read_json(graph.store().path("manifest", key) / "manifest.json")
+    manifest = read_json(project.store().path("manifest", key) / "manifest.json")
     return manifest if isinstance(manifest, dict) and manifest.get("recipe_name") == name else None
 
 
@@ -139,7 +139,7 @@ def dropped(name: str, query: str, reason: str) -> dict:
     """The current build's dropped rows (shards/dropped.jsonl) whose reason is `reason` (any if
     empty) and whose line holds `query` (any if empty): how many match, the first DROPPED_SHOWN of
     them, and every reason with its count."""
-    st = graph.store()
+    st = project.store()
     ptr = st.pointer(name, "shards")
     path = ptr and st.path("shards", ptr["key"]) / "dropped.jsonl"
     if not path or not path.is_file():
@@ -160,7 +160,7 @@ def dropped(name: str, query: str, reason: str) -> dict:
 def serving(name: str) -> dict | None:
     """Where `doit serve:<name>` is serving the recipe's model now (artifacts/<name>/serving.json,
     which serve writes while it runs), if its process is alive."""
-    found = read_json(graph.store().root / name / "serving.json")
+    found = read_json(project.store().root / name / "serving.json")
     if not isinstance(found, dict) or not isinstance(found.get("pid"), int):
         return None
     try:
@@ -171,8 +171,8 @@ def serving(name: str) -> dict | None:
 
 
 def current_report(name: str) -> Path | None:
-    ptr = graph.store().pointer(name, "report")
-    path = ptr and graph.store().path("report", ptr["key"]) / "report.html"
+    ptr = project.store().pointer(name, "report")
+    path = ptr and project.store().path("report", ptr["key"]) / "report.html"
     return path if path and path.is_file() else None
 
 
@@ -283,7 +283,7 @@ def build_app(table: dict):
         return HTMLResponse(env.get_template(template).render(style=STYLE, fmt=fmt, **values))
 
     def recipe_name(name: str) -> str:
-        if name not in graph.recipe_names():
+        if name not in project.recipe_names():
             raise HTTPException(404, f"no recipe {name!r}")
         return name
 

@@ -1,0 +1,169 @@
+"""Building a stage: its key computed from its declared inputs (stages/engine/inputs.py), its
+module's build(ctx, out) run on a Context that shows it only those, and its artifact committed
+to the store atomically, with its log beside it. doit asks is_built whether a stage is up to
+date and runs build when it is not.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from stages.engine import keys, remote
+from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
+from stages.engine.errors import UserError
+from stages.engine.inputs import key_inputs, upstream_artifacts
+from stages.engine.project import recipe, root, store
+from stages.engine.recipe import Recipe
+from stages.engine.stage import Stage, module
+from stages.engine.store import UNREADABLE
+
+
+@dataclass
+class Context:
+    """What a stage's build function gets: its declared inputs only (the recipe as a view of
+    its declared fields, each upstream artifact as a directory of its declared files), never
+    the store to mutate (except through `cached`, which adds whole, content-keyed objects).
+    `artifacts` holds each upstream's key, digest, declared files' hashes and key inputs."""
+    recipe_name: str
+    recipe: Recipe
+    root: Path
+    key: str
+    inputs: dict  # what the key was computed from
+    upstream: dict[str, Path]  # an optional upstream is here only where built for this build
+    artifacts: dict[str, dict]  # per upstream stage: its key, digest and declared files' hashes
+    work: Path
+    log: logging.Logger
+    run: dict = field(default_factory=dict)  # run-time measurements, kept beside the artifact
+
+    def cached(self, part: str, inputs: dict, make) -> tuple[Path, bool]:
+        """A piece of this stage's work (one data file's tokens, say) kept in the store under
+        its own key: built by make(dir) once, committed atomically, reused by any later build
+        whose inputs for it match, whatever else changed. Returns (its path, whether reused)."""
+        stage, key, st = f"{self.inputs['stage']}-{part}", keys.key_of(inputs), store()
+        with st.building(stage, key, lambda: self.log.info("%s %s: another build is making it; waiting", stage, key[:12])):
+            reused = not st.damage(stage, key)
+            if not reused:
+                tmp = st.temp_dir(stage, key)
+                try:
+                    make(tmp)
+                    st.commit(stage, key, tmp, {"inputs": inputs})
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        self.run.setdefault(part, {})[key] = "reused" if reused else "built"
+        return st.path(stage, key), reused
+
+
+def is_built(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> bool:
+    """doit uptodate: the key's object is in the store and intact (run-cache included), or a
+    remote cache (MINDXTRAIN_REMOTE) has it and it has been installed."""
+    st = store()
+    try:
+        key = keys.key_of(key_inputs(recipe_name, stage, table))
+    except (UserError, UndeclaredInput):
+        return False  # let the action run and report it
+    if st.damage(stage.name, key) and not remote.fill(st, stage.name, key, f"{stage.name}:{recipe_name}", table):
+        return False
+    st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
+    return True
+
+
+def _logger(path: Path, name: str) -> logging.Logger:
+    """The stage's log: everything (DEBUG up: per-step lines too) in the file beside the
+    artifact; the console gets INFO, what a person follows a build by."""
+    log = logging.getLogger(f"mindxtrain.{name}")
+    log.handlers.clear()
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(message)s")
+    for h, level in ((logging.FileHandler(path), logging.DEBUG), (logging.StreamHandler(sys.stdout), logging.INFO)):
+        h.setFormatter(fmt)
+        h.setLevel(level)
+        log.addHandler(h)
+    return log
+
+
+STORAGE_ADVICE = {"No space left on device": "free space on that disk (or move artifacts/ to a larger one)",
+                  "Disk quota exceeded": "free space within your quota (or move artifacts/ elsewhere)",
+                  "Read-only file system": "build where artifacts/ is writable"}
+
+
+def storage_problem(e: Exception) -> str | None:
+    """The storage failure behind an exception (an OSError, or a library's error wrapping one,
+    such as safetensors' 'No space left on device (os error 28)'), or None for any other."""
+    text = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return next((problem for problem in STORAGE_ADVICE if problem in text), None)
+
+
+def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
+    """doit action: build one stage into a temp dir, then commit it to the store atomically.
+    One build of a key at a time: a second doit building the same key waits, saying so, and
+    then takes what the first one stored."""
+    st = store()
+    try:
+        artifacts = upstream_artifacts(recipe_name, stage, table)  # read once: the key covers what the build reads
+        inputs = key_inputs(recipe_name, stage, table, artifacts=artifacts)
+        key = keys.key_of(inputs)
+        waiting = lambda: print(f"{stage.name}:{recipe_name}: another build is making {key[:12]}; waiting for it",  # noqa: E731
+                                flush=True)
+        with st.building(stage.name, key, waiting):
+            damage = st.damage(stage.name, key)
+            if not damage:  # the other build finished it
+                st.set_pointer(recipe_name, stage.name, key, st.sidecar(stage.name, key)["digest"])
+                print(f"{stage.name}:{recipe_name}: built by the other build", flush=True)
+                return None
+            unreadable = [p for p in damage if UNREADABLE in p]
+            if unreadable:  # not damage to rebuild over: the owner's permissions, theirs to mend
+                raise UserError(f"{stage.name}:{recipe_name}: {unreadable[0]}; nothing was rebuilt")
+            build_key(recipe_name, stage, inputs, key, artifacts)
+    except (UserError, UndeclaredInput) as e:
+        return TaskFailed(str(e))
+    except Exception as e:
+        problem = storage_problem(e)
+        if problem is None:
+            raise
+        where = getattr(e, "filename", None) or st.root
+        return TaskFailed(f"{stage.name}:{recipe_name}: cannot write {where}: {problem}; nothing was stored "
+                          f"and nothing is lost: {STORAGE_ADVICE[problem]}, then run again")
+
+
+def context(recipe_name: str, stage: Stage, full: Recipe, inputs: dict, key: str, artifacts: dict[str, dict],
+            view: Path, log: logging.Logger) -> Context:
+    """A build's Context: the recipe as the stage declares it, and under `view` a directory per
+    upstream artifact holding links to its declared files."""
+    st = store()
+    upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
+    return Context(recipe_name, recipe_view(full, stage.params + stage.settings, stage.name), root(), key, inputs,
+                   upstream, artifacts, st.work_dir(stage.name, key), log)
+
+
+def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict]) -> None:
+    """Build the stage's artifact for this key (its lock held) from the upstream artifacts its
+    key was computed from, and commit it."""
+    st = store()
+    tmp = st.temp_dir(stage.name, key)
+    log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
+    try:
+        log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
+        log.info("building %s:%s key=%s", stage.name, recipe_name, key)
+        ctx = context(recipe_name, stage, recipe(recipe_name), inputs, key, artifacts, view, log)
+        start = time.time()
+        module(stage).build(ctx, tmp)
+        ctx.run["seconds"] = round(time.time() - start, 3)
+        meta = st.commit(stage.name, key, tmp, {"inputs": inputs, "run": ctx.run})
+        log_tmp.replace(st.path(stage.name, key).with_suffix(".log"))
+        st.set_pointer(recipe_name, stage.name, key, meta["digest"])
+        log.info("built %s:%s digest=%s in %.1fs", stage.name, recipe_name, meta["digest"][:16],
+                 ctx.run["seconds"])
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    finally:
+        for leftover in (tmp, view):
+            if leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+        if log_tmp.exists():
+            log_tmp.unlink()
