@@ -235,6 +235,7 @@ def run_one(name: str, a) -> dict:
         found = None
     else:
         from stages.train import dpo, grpo
+        from stages.train.methods import METHODS
 
         found = (probe(method, shape, Path(a.work) / f"{name}_probe", a.probe_budget) if not a.tiny else
                  {"decisions": {"attn_implementation": "sdpa", "sdpa_backend": None, "rocm_fa_library": None,
@@ -247,7 +248,7 @@ def run_one(name: str, a) -> dict:
         model = new_model(shape, device)
         settings.apply_settings(model, plan)
         module = dpo if method == "dpo" else grpo
-        trainer = module.make_trainer(model, dataset, tok, plan, train_section(method, steps), work)
+        trainer = module.make_trainer(METHODS[method], model, dataset, tok, plan, train_section(method, steps), work)
     clock = Clock(device, tok.pad_token_id)
     trainer.add_callback(clock.callback())
     count_tokens(trainer, clock)

@@ -24,6 +24,7 @@ from stages.data.selection import LENGTH_REASONS, counted, length_rules, write_d
 from stages.data.shard_writer import write_shards
 from stages.data.sources import label_of, prepare_source
 from stages.engine.errors import UserError
+from stages.train.methods import METHODS
 
 
 def extra_inputs(recipe, root: Path, store) -> dict:
@@ -59,7 +60,7 @@ def part_inputs(ctx, src, kind: str) -> dict:
 def build(ctx, out: Path) -> None:
     from transformers import AutoTokenizer
 
-    data, kind = ctx.recipe.data, rows.KIND_OF_METHOD[ctx.recipe.train.method]
+    data, kind = ctx.recipe.data, METHODS[ctx.recipe.train.method].kind
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
     dropped, rows_in, parts, first_pass = Counter(), {}, [], []
     for src in data.sources:

@@ -9,9 +9,21 @@ import shutil
 import pytest
 
 from conftest import SHARED, doit
+from stages.train.methods import METHODS
 from test_pipeline import artifact
 
 HH = SHARED / "datasets" / "hh-rlhf-harmless" / "test.jsonl.gz"
+
+
+def test_every_method_a_recipe_can_name_has_its_row():
+    """train.method's values (the recipe schema, which imports nothing of training) are the rows
+    of the method table, in its order: a method added to one and not the other fails here, not
+    halfway through a build."""
+    import typing
+
+    from stages.engine.recipe import TrainSection
+
+    assert typing.get_args(TrainSection.model_fields["method"].annotation) == tuple(METHODS)
 
 
 def built_eval(project, recipe: str) -> dict:

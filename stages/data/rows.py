@@ -2,7 +2,8 @@
 
 A source is a local .jsonl/.json/.parquet/.csv file (optionally .gz) or a hub
 dataset pinned to a revision. Each raw row is detected as one format (or the
-recipe says which) and converted to what the training method consumes:
+recipe says which) and converted to what the training method consumes (its data kind, in its
+row of stages/train/methods.py):
 
     chat        {"messages": [{"role", "content", "reasoning"?}, ...]}      sft
     text        {"text": str}                                               cpt
@@ -25,8 +26,6 @@ from pathlib import Path
 
 from stages.engine.errors import UserError
 
-KIND_OF_METHOD = {"sft": "chat", "cpt": "text", "dpo": "preference", "orpo": "preference", "grpo": "prompt",
-                  "reward": "preference"}
 ROLES = {"system", "user", "assistant"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}
