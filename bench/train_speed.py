@@ -62,7 +62,8 @@ def documents(work: Path, tok) -> list[dict]:
     literal <|endoftext|> in the source text) is left out: real tokens are counted as non-pad."""
     import numpy as np
 
-    from stages.data.template import Refused, encode_chats
+    from stages.data.rows import Refused
+    from stages.data.template import encode_chats
 
     with open(work / "rows.jsonl", encoding="utf-8") as f:
         chats = [json.loads(line)["messages"] for line, _ in zip(f, range(DOCS))]

@@ -192,11 +192,16 @@ def code_of(project: Path, stage: str) -> list[str]:
 
 def test_a_stage_key_covers_the_code_it_runs_and_nothing_else(warm):
     plan, evaluate = code_of(warm, "plan"), code_of(warm, "eval")
-    assert "stages/train/autotune.py" in plan and "stages/train/settings.py" in plan
-    assert not {"stages/checkpoint.py", "stages/train/trainer.py", "stages/data/packed.py"} & set(plan)
-    assert "stages/data/render.py" in evaluate and "stages/model/trained.py" in evaluate
-    assert not {"stages/data/word_cache.py", "stages/data/skeleton.py", "stages/checkpoint.py"} & set(evaluate)
-    assert "stages/train/sft.py" in code_of(warm, "checkpoint")  # the recipe's method's module
+    assert {"stages/train/autotune.py", "stages/train/settings.py", "stages/train/methods.py"} <= set(plan)
+    assert not {"stages/checkpoint.py", "stages/train/trainer.py"} & set(plan)
+    assert not [f for f in plan if f.startswith("stages/data/")]  # editing a data reader never re-plans
+    assert {"stages/data/render.py", "stages/model/trained.py", "stages/data/kinds/chat.py"} <= set(evaluate)
+    assert not {"stages/data/word_cache.py", "stages/data/skeleton.py", "stages/data/template.py",
+                "stages/checkpoint.py", "stages/data/kinds/prompt.py"} & set(evaluate)  # only the recipe's kind
+    assert "stages/data/kinds/chat.py" in code_of(warm, "shards")
+    checkpoint = code_of(warm, "checkpoint")
+    assert "stages/train/sft.py" in checkpoint and "stages/train/dpo.py" not in checkpoint  # the recipe's method's
+    assert not [f for f in checkpoint if f.startswith("stages/data/kinds/")]  # a kind's code never retrains
 
     trainer = warm / "stages" / "train" / "trainer.py"
     trainer.write_text(trainer.read_text() + "\n# a change to the trainer's code\n")

@@ -1,13 +1,18 @@
 """The layout shows the architecture: the engine imports no stage and no internals, internals
-import no stage module, nothing imports in a circle, and every row of the stage table names a
-module with a build(ctx, out)."""
+import no stage module, nothing imports in a circle, every row of the stage table names a
+module with a build(ctx, out), every row of the method table names a method module and a data
+kind with their parts, and the keys of the stages that read the method table stay narrow."""
 from __future__ import annotations
 
 import ast
 import importlib
 
+import pytest
+
 from conftest import REPO
+from stages.engine.graph import code_files
 from stages.table import STAGES
+from stages.train.methods import METHODS
 
 STAGE_MODULES = {row.module for row in STAGES.values()}
 
@@ -61,3 +66,43 @@ def test_every_stage_row_names_a_module_with_a_build_and_reads_rows_above_it():
         # upstream, which doit never sees (it is no task_dep)
         assert set(row.upstream) | set(row.optional) <= above, row
         above.add(row.name)
+
+
+def test_a_package_init_holds_only_its_docstring():
+    """No stage's key covers a package's __init__.py (a key covers modules), so code there would
+    shape artifacts unseen."""
+    for path in (REPO / "stages").rglob("__init__.py"):
+        body = ast.parse(path.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), path
+
+
+KIND_PARTS = ("SIDES", "PACKED", "LEARNS", "BESIDE", "convert", "lines", "tokenize", "heldout_docs", "tasks", "scores")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_row_names_its_module_and_its_data_kind(method):
+    row = METHODS[method]
+    module = importlib.import_module(row.module)
+    assert callable(module.dataset) and callable(module.make_trainer), row.module
+    kind = importlib.import_module(row.kind_module)
+    assert all(hasattr(kind, part) for part in KIND_PARTS), (row.kind_module, [p for p in KIND_PARTS if not hasattr(kind, p)])
+    assert row.head in ("causal_lm", "score") and row.metrics
+
+
+TOKENIZING = {f"stages/data/{m}.py" for m in ("template", "skeleton", "word_cache", "tiktoken_encoder", "sources",
+                                               "cleaning", "shard_writer")}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_method_table_keeps_each_stage_key_to_the_code_it_runs(method):
+    """The plan reads the method table for its step shape, but covers no data code: editing a data
+    reader never re-plans. Training covers its method's module and no data kind: a kind's edit
+    re-shards, and early cutoff keeps the checkpoint. Eval covers its kind (its held-out scoring)
+    but none of the tokenizing code the kind is handed."""
+    row = METHODS[method]
+    plan = code_files(["stages.plan"])
+    assert "stages/train/methods.py" in plan and not [f for f in plan if f.startswith("stages/data/")], plan
+    checkpoint = code_files(["stages.checkpoint", row.module])
+    assert not [f for f in checkpoint if f.startswith("stages/data/kinds/")], checkpoint
+    evaluation = code_files(["stages.evaluate", row.kind_module])
+    assert not TOKENIZING & set(evaluation), TOKENIZING & set(evaluation)

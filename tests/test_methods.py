@@ -27,12 +27,15 @@ def test_every_method_a_recipe_can_name_has_its_row():
 
 
 def built_eval(project, recipe: str) -> dict:
-    """Build the recipe to its manifest; its eval.json, checked to be what the manifest records."""
+    """Build the recipe to its manifest; its eval.json, checked to be what the manifest records
+    and to report the metrics of the recipe's method's row, for each model."""
     run = doit(project, f"manifest:{recipe}", timeout=1800)
     assert run.rc == 0, run.out[-3000:]
     evaluation = json.loads((artifact(project, "eval", recipe) / "eval.json").read_text())
     manifest = json.loads((artifact(project, "manifest", recipe) / "manifest.json").read_text())
     assert manifest["eval"]["trained"] == evaluation["trained"]
+    metrics = set(METHODS[manifest["recipe"]["train"]["method"]].metrics)
+    assert set(evaluation["base"]) - {"size_bytes"} == set(evaluation["trained"]) - {"size_bytes"} == metrics
     return evaluation
 
 
@@ -85,7 +88,7 @@ def test_dpo_on_real_hh_rlhf_pairs(fresh):
 
 def test_rewards_check_answers_and_fail_in_one_line():
     from stages.engine.errors import UserError
-    from stages.train.rewards import reward_function
+    from stages.train.verifiers import reward_function
 
     exact, gsm8k = reward_function("exact_answer"), reward_function("gsm8k")
     assert exact(" 65 ", "65") == 1.0 and exact("56", "65") == 0.0
