@@ -10,7 +10,7 @@ layer, bf16, Qwen3's real tokenizer, GSM8K train rows (real text) as chat:
         (DPOConfig's default), sigmoid loss, beta 0.1, the reference = the adapter switched off.
   GRPO  prompt = the question; 8 completions sampled per prompt, up to 256 new tokens each,
         8 completions per optimizer step (GRPOConfig's defaults but the completion length,
-        512, halved to keep the run short), reward = stages/train/rewards.gsm8k.
+        512, halved to keep the run short), reward = stages/train/verifiers.gsm8k.
 
   trl   the TRL config's defaults: padded batches of 8, gradient checkpointing on, sdpa
   ours  the checkpoint stage's trainer with the probe's decisions (attention, checkpointing,

@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stages.view.report import loss_svg, render
+from stages.view.html import loss_svg, render
 
 FIRST_DROPPED = 50  # dropped rows listed on the page; dropped.jsonl has them all
 

@@ -177,7 +177,7 @@ def test_a_stage_that_reads_an_undeclared_field_fails_naming_it(warm):
 
 
 def test_a_stage_cannot_open_an_upstream_file_it_does_not_declare(warm):
-    evaluate = warm / "stages" / "evaluate.py"
+    evaluate = warm / "stages" / "eval.py"
     evaluate.write_text(evaluate.read_text().replace(
         "    settings = ctx.recipe.eval\n", "    settings = ctx.recipe.eval\n    (ctx.upstream['shards'] / 'stats.json').read_text()\n"))
     run = doit(warm, "eval:tiny")
@@ -213,7 +213,8 @@ def test_a_stage_key_covers_the_code_it_runs_and_nothing_else(warm):
 def test_the_device_that_runs_a_model_is_in_the_keys_of_the_stages_that_run_one():
     """quantized and eval run on a GPU in bf16 where there is one, on the CPU in fp32 otherwise:
     different bytes from the same inputs, so the device is part of their keys (and the plan's)."""
-    from stages import evaluate, plan, quantized
+    from stages import eval as evaluate
+    from stages import plan, quantized
     from stages.engine.recipe import HardwareSection
 
     assert quantized.extra_inputs(None, REPO, None) == evaluate.extra_inputs(None, REPO, None) == {"device": "cpu"}

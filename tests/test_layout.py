@@ -35,7 +35,7 @@ def test_imports_go_one_way():
     for module, deps in graph.items():
         if module.startswith("stages.engine"):
             assert all(d.startswith("stages.engine") for d in deps), (module, deps)
-        if module.split(".")[1:2] in (["data"], ["train"], ["model"], ["serving"], ["view"], ["chain"], ["scoring"]):
+        if module.split(".")[1:2] in (["data"], ["train"], ["model"], ["inference"], ["view"], ["chain"], ["scoring"]):
             assert not deps & STAGE_MODULES and "stages.table" not in deps, (module, deps)
     for module in STAGE_MODULES:
         assert not graph[module] & STAGE_MODULES, module  # a stage uses internals, not another stage
@@ -104,5 +104,5 @@ def test_the_method_table_keeps_each_stage_key_to_the_code_it_runs(method):
     assert "stages/train/methods.py" in plan and not [f for f in plan if f.startswith("stages/data/")], plan
     checkpoint = code_files(["stages.checkpoint", row.module])
     assert not [f for f in checkpoint if f.startswith("stages/data/kinds/")], checkpoint
-    evaluation = code_files(["stages.evaluate", row.kind_module])
+    evaluation = code_files(["stages.eval", row.kind_module])
     assert not TOKENIZING & set(evaluation), TOKENIZING & set(evaluation)

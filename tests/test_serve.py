@@ -236,8 +236,8 @@ def test_a_tampered_checkpoint_is_refused(warm):
 
 def test_the_vllm_command_serves_the_checked_directories(tmp_path):
     """vLLM itself is not here (no GPU, its own environment): its command line is what is checked."""
-    from stages.serving.served import Served
-    from stages.serving.vllm import command
+    from stages.inference.served import Served
+    from stages.inference.vllm import command
 
     base, adapter = tmp_path / "base", tmp_path / "checkpoint" / "adapter"
     adapter.mkdir(parents=True)

@@ -1,5 +1,5 @@
 """GRPO: TRL's GRPOTrainer on the shards' prompts, rewarded by the verifiable reward the recipe
-names (train.reward, stages/train/rewards.py) against each prompt's reference answer:
+names (train.reward, stages/train/verifiers.py) against each prompt's reference answer:
 train.num_generations sampled completions per prompt of up to train.max_completion_length
 tokens, each scored against the others of its group."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stages.train.pairs import prompt_texts
-from stages.train.rewards import reward_function
+from stages.train.verifiers import reward_function
 from stages.train.settings import peft_config
 from stages.train.trainer import plan_args
 

@@ -2,14 +2,14 @@
 alpaca and prompt rows (the last assistant turn is the reference); the prompt rendered with the
 generation prompt and tokenized, nothing learned (the answer is sampled in training), one row
 each (ragged) with its reference beside it. Trains grpo. Held out: the mean reward
-(train.reward, stages/train/rewards.py) of the greedy answer, and its exact match."""
+(train.reward, stages/train/verifiers.py) of the greedy answer, and its exact match."""
 from __future__ import annotations
 
 import numpy as np
 
 from stages.data.render import render
 from stages.data.rows import BadRow, Refused, as_chat, turns
-from stages.train.rewards import reward_function
+from stages.train.verifiers import reward_function
 
 SIDES = ("ids",)
 PACKED = False

@@ -8,7 +8,7 @@ match of the greedy answer to the reference (prompt rendered with the model's ch
 and per-token perplexity of the reference answer and its end-of-turn token given the prompt: the
 tokens training puts loss on; text: perplexity; preference pairs: margin and preference accuracy;
 prompts: GRPO's reward. A method with a scoring head (reward) is scored on how it ranks held-out
-pairs (stages/scoring/reward_model.py). Scoring the base model too makes eval.json show the
+pairs (stages/scoring/reward_ranking.py). Scoring the base model too makes eval.json show the
 gain; scoring each quantized model beside the trained one, with its size (size_bytes: the weight
 files), shows what each scheme costs in accuracy for what it saves.
 """
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
-from stages.scoring import harness, reward_model
+from stages.scoring import harness, reward_ranking
 from stages.train.methods import METHODS
 
 
@@ -52,7 +52,7 @@ def build(ctx, out: Path) -> None:
     if method.head == "score":
         report["heldout_rows"] = len(rows)
         for name, trained in (("base", None), ("trained", checkpoint)):
-            scores = reward_model.score(reward_model.load(trained, base), tok, rows)
+            scores = reward_ranking.score(reward_ranking.load(trained, base), tok, rows)
             report[name] = {m: scores[m] for m in method.metrics}
             ctx.log.info("%s: %s", name, report[name])
     else:
