@@ -52,6 +52,10 @@ def test_dpo_widens_the_preference_margin_on_heldout_pairs(fresh):
     assert trained["preference_accuracy"] > base["preference_accuracy"]
     steps = [json.loads(line) for line in (artifact(fresh, "checkpoint", "tiny_dpo") / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 60 and "rewards/margins" in steps[-1]  # TRL's DPO logs, kept per step
+    run = doit(fresh, "report:tiny_dpo")  # pairs are kept whole, not packed: the report says so
+    assert run.rc == 0, run.out[-2000:]
+    html = (artifact(fresh, "report", "tiny_dpo") / "report.html").read_text()
+    assert "training rows kept whole (not packed)" in html
 
 
 def test_orpo_widens_the_preference_margin_on_heldout_pairs(fresh):
