@@ -10,7 +10,7 @@ layer, bf16, Qwen3's real tokenizer, GSM8K train rows (real text) as chat:
         (DPOConfig's default), sigmoid loss, beta 0.1, the reference = the adapter switched off.
   GRPO  prompt = the question; 8 completions sampled per prompt, up to 256 new tokens each,
         8 completions per optimizer step (GRPOConfig's defaults but the completion length,
-        512, halved to keep the run short), reward = stages/train/rewards.gsm8k.
+        512, halved to keep the run short), reward = stages/train/verifiers.gsm8k.
 
   trl   the TRL config's defaults: padded batches of 8, gradient checkpointing on, sdpa
   ours  the checkpoint stage's trainer with the probe's decisions (attention, checkpointing,
@@ -246,6 +246,7 @@ def run_one(name: str, a) -> dict:
         found = None
     else:
         from stages.train import dpo, grpo
+        from stages.train.methods import METHODS
 
         found = probe(method, shape, Path(a.work) / f"{name}_probe", tiny.BUDGET if a.tiny else a.probe_budget,
                       on_cpu=a.tiny)
@@ -256,7 +257,7 @@ def run_one(name: str, a) -> dict:
         model = new_model(shape, device)
         settings.apply_settings(model, plan)
         module = dpo if method == "dpo" else grpo
-        trainer = module.make_trainer(model, dataset, tok, plan, train_section(method, steps, reward), work)
+        trainer = module.make_trainer(METHODS[method], model, dataset, tok, plan, train_section(method, steps, reward), work)
     clock = Clock(device, tok.pad_token_id)
     trainer.add_callback(clock.callback())
     count_tokens(trainer, clock)

@@ -259,6 +259,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from stages.train import settings
     from stages.model.tiny import char_tokenizer
     from stages.train.settings import training_context
+    from stages.train.methods import METHODS
     from stages.train.sft import make_trainer
     from stages.engine.recipe import TrainSection
 
@@ -277,7 +278,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     rows = Dataset.from_dict({k: v.cpu().tolist() for k, v in batch.items()})
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32}, max_steps=steps, micro_batch_size=4, save_steps=10**6)
     plan = {**setting, "device": train_speed.DEVICE, "dtype": train_speed.DTYPE, "processes": 1, "grad_accum": 4 // mb}
-    trainer = make_trainer(model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
+    trainer = make_trainer(METHODS["sft"], model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
     trainer.args.logging_steps = logging_steps
     if trl_loss:
         trainer.compute_loss = SFTTrainer.compute_loss.__get__(trainer)

@@ -108,7 +108,8 @@ def documents(work: Path, tok) -> list[dict]:
     literal <|endoftext|> in the source text) is left out: real tokens are counted as non-pad."""
     import numpy as np
 
-    from stages.data.template import Refused, encode_chats
+    from stages.data.rows import Refused
+    from stages.data.template import encode_chats
 
     with open(work / "rows.jsonl", encoding="utf-8") as f:
         chats = [json.loads(line)["messages"] for line, _ in zip(f, range(DOCS))]
@@ -270,6 +271,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
 
     from stages.train import settings
     from stages.train.settings import training_context
+    from stages.train.methods import METHODS
     from stages.train.sft import make_trainer
     from stages.engine.recipe import TrainSection
 
@@ -281,7 +283,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,
                      max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
     plan = {**decisions, "device": DEVICE, "dtype": dtype, "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
-    trainer = make_trainer(model, Dataset.from_dict(rows), tok, plan, t, work / name)
+    trainer = make_trainer(METHODS["sft"], model, Dataset.from_dict(rows), tok, plan, t, work / name)
     counts, times = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
     trainer.add_callback(meter(counts, times))

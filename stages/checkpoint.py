@@ -1,47 +1,40 @@
 """checkpoint: training, by the recipe's method, applying plan.json's decisions verbatim.
 
-Each method is one module of stages/train/ (its dataset from the shards, its TRL trainer),
-named in METHODS; the stage's key covers the module of the recipe's method only. Trainer
-checkpoints go to a work dir that survives a kill, so a rerun resumes from the last saved
-step. The artifact holds only deterministic content: the weights (model/) or the standard
-PEFT adapter (adapter/), and metrics.jsonl with the loss per step. When the plan has more
+Each method is one row of stages/train/methods.py: its module (its dataset from the shards, its
+TRL trainer), the head, the figures kept; the stage's key covers the module of the recipe's
+method only. Trainer checkpoints go to a work dir that survives a kill, so a rerun resumes from
+the last saved step. The artifact holds only deterministic content: the weights (model/) or the
+standard PEFT adapter (adapter/), and metrics.jsonl with the loss per step. When the plan has more
 than one process (hardware.gpus > 1), the same run is launched in each of them by torchrun
 (stages/train/distributed.py) and the first writes the same artifact; one process on a machine
 with more GPUs runs as a child that sees one of them (distributed.one_of_several_gpus says why).
 """
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
-from stages.engine.errors import UserError
 from stages.train import distributed, trainer
-
-# train.method -> its module: dataset(shards, tok), make_trainer(...), and HEAD where it is not a causal LM
-METHODS = {"sft": "stages.train.sft", "cpt": "stages.train.cpt", "dpo": "stages.train.dpo",
-           "reward": "stages.train.reward", "orpo": "stages.train.orpo", "grpo": "stages.train.grpo"}
+from stages.train.methods import METHODS
 
 
 def code_modules(recipe) -> list[str]:
     """The method's module: part of this stage's code, as the modules it imports are."""
-    return [METHODS[recipe.train.method]] if recipe.train.method in METHODS else []
+    return [METHODS[recipe.train.method].module]
 
 
 def build(ctx, out: Path) -> None:
     import torch
 
     t = ctx.recipe.train
-    if t.method not in METHODS:
-        raise UserError(f"train.method: {t.method} training is not built yet (its shards are: "
-                        f"doit shards:{ctx.recipe_name}); use method: {' or '.join(METHODS)}")
+    method = METHODS[t.method]
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
     resume = trainer.last_complete_checkpoint(ctx.work)
     if plan["processes"] == 1 and not distributed.one_of_several_gpus(plan, torch.cuda.device_count()):
-        trainer.fit(importlib.import_module(METHODS[t.method]), ctx.upstream["base"], ctx.upstream["shards"], plan, t,
-                    ctx.work, out, resume, ctx.log, ctx.run)
+        trainer.fit(method, ctx.upstream["base"], ctx.upstream["shards"], plan, t, ctx.work, out, resume, ctx.log,
+                    ctx.run)
         return
-    spec = {"method": METHODS[t.method], "plan": plan, "train": t.model_dump(mode="json"),
+    spec = {"method": method.name, "plan": plan, "train": t.model_dump(mode="json"),
             "resume": resume and str(resume.resolve()),
             **{k: str(Path(v).resolve()) for k, v in [("base", ctx.upstream["base"]), ("shards", ctx.upstream["shards"]),
                                                        ("work", ctx.work), ("out", out)]}}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stages.model.quantize import described
+from stages.model.quark import described
 
 
 def build(ctx, out: Path) -> None:

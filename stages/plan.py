@@ -82,7 +82,6 @@ def build(ctx, out: Path) -> None:
         "processes": processes,
         "micro_batch_size": micro,
         "grad_accum": accumulation,
-        "sequence_length": r.data.max_length,
         "gradient_checkpointing": "off",
         "compile": False,
         "fused_cross_entropy": False,

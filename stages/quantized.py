@@ -4,7 +4,7 @@
 Each scheme's export is the directory `<scheme>/` (config.json with Quark's
 quantization_config, safetensors, tokenizer), quantized from the trained model afresh, so one
 scheme's bytes never depend on which others are listed; calibration sequences come from the
-training shards (stages/model/quantize.py says what each scheme does). score.json is a quick
+training shards (stages/model/quark.py says what each scheme does). score.json is a quick
 check of each export, not an evaluation: the training loss (assistant tokens, as training
 computes it) of the trained model before and after quantization on the packed training
 sequences that follow the calibration ones, and how far the logits moved. Held-out scores and
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from stages.data import packed
-from stages.model import quantize
+from stages.model import quark
 from stages.model.trained import device, load_trained, placement
 from stages.engine.errors import UserError
 
@@ -78,7 +78,7 @@ def build(ctx, out: Path) -> None:
     for scheme in schemes:
         ctx.log.info("quantizing to %s with %d calibration sequences", scheme, len(calib))
         torch.manual_seed(0)
-        quantize.export(trained(), scheme, calib, out / scheme)
+        quark.export(trained(), scheme, calib, out / scheme)
         AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / scheme)
         loss_q, logits_q = measure(AutoModelForCausalLM.from_pretrained(out / scheme, **placement()).eval())
         score["schemes"][scheme] = {

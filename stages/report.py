@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stages.view.report import loss_svg, render
+from stages.view.html import loss_svg, render
 
 FIRST_DROPPED = 50  # dropped rows listed on the page; dropped.jsonl has them all
 
@@ -44,8 +44,9 @@ def build(ctx, out: Path) -> None:
         loss_svg=loss_svg(steps) if steps else "<p>no steps logged</p>", steps=len(steps),
         first_loss=steps[0]["loss"] if steps else None, last_loss=steps[-1]["loss"] if steps else None,
         rows_in=sorted(stats["rows_in"].items()), kept=stats["kept"], drops=sorted(stats["dropped"].items()),
-        dropped_rows=dropped, sequences=stats["sequences"], sequence_length=stats["sequence_length"],
-        tokens=stats["tokens"], packing=stats["packing_efficiency"],
+        dropped_rows=dropped, tokens=stats["tokens"],  # packing: only where the data kind packs its rows
+        sequences=stats.get("sequences"), sequence_length=stats.get("sequence_length"),
+        packing=stats.get("packing_efficiency"),
         decisions=sorted((k, json.dumps(v) if isinstance(v, (dict, list)) else v)
                          for k, v in manifest["plan"].items()),
         measurements=measurements, probe_columns=sorted({c for m in measurements for c in m}),

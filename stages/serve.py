@@ -6,7 +6,7 @@ recipe's current manifest. Before loading anything it checks every file of the a
 loads from against the manifest (the stat cache, or every byte with --full) and refuses in one
 line naming the first that differs. The model's id is the recipe and a prefix of the manifest's
 digest. vLLM serves it where vLLM and a GPU are present (serve.engine auto or vllm); elsewhere
-a FastAPI app over transformers' generation (stages/serving/), which bounds what clients send
+a FastAPI app over transformers' generation (stages/inference/), which bounds what clients send
 (its limits are on the startup line; --time-limit sets how long one generation may hold the
 model). SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recipe>` first.
 """
@@ -23,8 +23,8 @@ from doit.exceptions import TaskFailed
 from stages.engine import project
 from stages.engine.errors import UserError
 from stages.engine.store import write_json
-from stages.serving import vllm
-from stages.serving.served import Served, served
+from stages.inference import vllm
+from stages.inference.served import Served, served
 
 
 def checked(recipe_name: str, quantized: bool, full: bool, scheme: str | None = None) -> tuple[Served, str]:
@@ -63,8 +63,8 @@ def engine(recipe_name: str, wanted: str) -> str:
 def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: int, time_limit: float | None):
     import uvicorn
 
-    from stages.serving.app import TIME_LIMIT_S, build_app
-    from stages.serving.model import ServedModel
+    from stages.inference.app import TIME_LIMIT_S, build_app
+    from stages.inference.generation import ServedModel
 
     app = build_app(ServedModel(s), s.model_id, {"manifest": digest}, time_limit or TIME_LIMIT_S)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))

@@ -1,9 +1,13 @@
 """shards: the training data, read, cleaned, tokenized, masked and packed + stats.json.
 
+What the shards hold is the recipe's method's data kind (its row of stages/train/methods.py
+names a module of stages/data/kinds/: chat, text, preference, prompt): how a raw row becomes its
+record, what cleaning reads of it, how it is tokenized and laid out in the shards.
+
 First pass (stages/data/sources.py), per source, by one worker process per core: rows read,
-converted, described for cleaning and tokenized with the model's own chat template. A
-source's prepared rows are kept in the store under their own key, so an edit to one file of
-several prepares only that file again.
+converted, described for cleaning and tokenized as the kind says, with the model's own chat
+template. A source's prepared rows are kept in the store under their own key, so an edit to one
+file of several prepares only that file again.
 
 Second pass, over every row of every source in order, on arrays (stages/data/prepared.py):
 exact and near dedupe and the repetition filter (stages/data/cleaning.py), a stable held-out
@@ -12,18 +16,25 @@ as shards (stages/data/shard_writer.py). Every row read is kept or counted under
 """
 from __future__ import annotations
 
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from stages.data import cleaning, rows
+from stages.data import cleaning, files
 from stages.data.prepared import Prepared
 from stages.data.selection import LENGTH_REASONS, counted, length_rules, write_drop_list
 from stages.data.shard_writer import write_shards
 from stages.data.sources import label_of, prepare_source
 from stages.engine.errors import UserError
+from stages.train.methods import METHODS
+
+
+def code_modules(recipe) -> list[str]:
+    """The method's data kind's module: part of this stage's code, as the modules it imports are."""
+    return [METHODS[recipe.train.method].kind_module]
 
 
 def extra_inputs(recipe, root: Path, store) -> dict:
@@ -42,7 +53,7 @@ def extra_inputs(recipe, root: Path, store) -> dict:
 
 def unit_of(src) -> str:
     """How a source's rows are counted: lines of a JSON Lines file, rows of anything else."""
-    jsonl = src.path is not None and (src.file_format == "jsonl" or (src.file_format == "auto" and rows.file_format(src.path) == "jsonl"))
+    jsonl = src.path is not None and (src.file_format == "jsonl" or (src.file_format == "auto" and files.file_format(src.path) == "jsonl"))
     return "line" if jsonl else "row"
 
 
@@ -59,11 +70,12 @@ def part_inputs(ctx, src, kind: str) -> dict:
 def build(ctx, out: Path) -> None:
     from transformers import AutoTokenizer
 
-    data, kind = ctx.recipe.data, rows.KIND_OF_METHOD[ctx.recipe.train.method]
+    data, method = ctx.recipe.data, METHODS[ctx.recipe.train.method]
+    kind = importlib.import_module(method.kind_module)
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
     dropped, rows_in, parts, first_pass = Counter(), {}, [], []
     for src in data.sources:
-        part, reused = ctx.cached("source", part_inputs(ctx, src, kind),
+        part, reused = ctx.cached("source", part_inputs(ctx, src, method.kind),
                                   lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
         ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
                      else "read, cleaned and tokenized")
@@ -76,7 +88,7 @@ def build(ctx, out: Path) -> None:
         parts.append(part)
     prepared = Prepared(parts, data.sources, kind)
     codes, of = cleaning.drop_reasons(prepared.fingerprint, prepared.repetition, data.dedupe, data.filters,
-                                      prepared.signature_chunks, prepared.records)
+                                      prepared.signature_chunks, prepared.lines)
     dropped.update(counted(codes, cleaning.REASONS))
     listing = prepared.drops(np.arange(len(codes)), codes, cleaning.REASONS, of)
     kept = np.flatnonzero(codes == 0)
@@ -89,7 +101,7 @@ def build(ctx, out: Path) -> None:
 
     L = data.max_length
     codes, cut, loss = length_rules(prepared.longest[train], prepared.loss_tokens[train],
-                                    lambda at: prepared.loss_up_to(train[at], L), data, kind)
+                                    lambda at: prepared.loss_up_to(train[at], L), data, kind.LEARNS)
     dropped.update(counted(codes, LENGTH_REASONS))
     docs = train[codes == 0]
     listing += prepared.drops(train, codes, LENGTH_REASONS)
@@ -99,9 +111,9 @@ def build(ctx, out: Path) -> None:
         read = ", ".join(f"{label}: {n} rows" for label, n in rows_in.items())
         raise UserError(f"data: no training rows left after cleaning ({read}; {len(held)} held out, dropped "
                         f"{dict(dropped)}); check the sources and filters")
-    sequences, shards = write_shards(out / "train", prepared, docs, kind, L, tok.pad_token_id)
+    sequences, shards = write_shards(out / "train", prepared, docs, L, tok.pad_token_id)
     stats = {
-        "kind": kind,
+        "kind": method.kind,
         "rows_in": dict(sorted(rows_in.items())),
         "rows_in_total": sum(rows_in.values()),
         "kept": {"train": len(docs), "heldout": len(held)},
@@ -111,7 +123,7 @@ def build(ctx, out: Path) -> None:
         "loss_tokens": int(loss[codes == 0].sum()),
         "shards": shards,
     }
-    if kind in ("chat", "text"):
+    if kind.PACKED:
         stats.update(sequences=sequences, sequence_length=L,
                      packing_efficiency=round(stats["tokens"] / (sequences * L), 6))
     assert stats["rows_in_total"] == len(docs) + len(held) + sum(dropped.values()), stats

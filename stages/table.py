@@ -41,7 +41,7 @@ STAGES = {s.name: s for s in [
           {"base": MODEL_FILES, "checkpoint": TRAINED, "shards": ("train/*",)},
           ("torch", "transformers", "peft", "amd-quark"),
           "Quark exports in HF format, one per scheme (LoRA merged first)"),
-    Stage("eval", "stages.evaluate", ("eval", "train.reward"),
+    Stage("eval", "stages.eval", ("eval", "train.method", "train.reward"),
           {"base": MODEL_FILES, "checkpoint": TRAINED, "quantized": ("*/*",),
            "shards": ("heldout/*",)},
           ("torch", "transformers", "peft", "lm-eval", "amd-quark", "datasets"),

@@ -239,19 +239,27 @@ def test_search_tries_every_checkpointing_mode_again_once_compiled():
     assert ("full", 8) not in compiled  # 6.5 x 1.2 could not come near the best: not worth a compile
 
 
-def test_the_probe_measures_the_rows_each_method_runs():
+def test_the_probe_measures_the_rows_each_method_runs(monkeypatch):
     """A preference pair is two sequences in one forward (TRL's collator stacks chosen and
     rejected), so the probe measures micro-batch x 2 rows for it; a GRPO row is its prompt and a
-    sampled completion, so it measures prompts of data.max_length plus the completion's tokens."""
-    from stages.data.rows import KIND_OF_METHOD
-    from stages.engine.recipe import TrainSection
-    from stages.train.settings import PAIRED_METHODS, step_shape
+    sampled completion, so it measures prompts of data.max_length plus the completion's tokens.
+    The shape is the method's row of the method table: change the row and the probe follows."""
+    import dataclasses
 
-    assert set(PAIRED_METHODS) == {m for m, kind in KIND_OF_METHOD.items() if kind == "preference"}
+    from stages.engine.recipe import TrainSection
+    from stages.train.methods import METHODS
+
+    def shape(method, micro=4, max_length=1024, completion=256):
+        recipe = SimpleNamespace(train=TrainSection(method=method, max_completion_length=completion),
+                                 data=SimpleNamespace(max_length=max_length))
+        return autotune.batch_shape(recipe, micro)
+
     for method in ("dpo", "orpo", "reward"):
-        assert step_shape(TrainSection(method=method), 1024) == (2, 1024)
-    assert step_shape(TrainSection(method="grpo", max_completion_length=256), 512) == (1, 768)
-    assert step_shape(TrainSection(method="sft"), 2048) == (1, 2048)
+        assert shape(method) == (8, 1024)
+    assert shape("grpo", max_length=512) == (4, 768)
+    assert shape("sft") == shape("cpt") == (4, 1024)
+    monkeypatch.setitem(METHODS, "sft", dataclasses.replace(METHODS["sft"], sequences=3, sampled=True))
+    assert shape("sft") == (12, 1280)
 
 
 # A cold probe of train_speed's workload (Qwen3-8B shape, LoRA r16, 4 x 2048) on the lent H100,

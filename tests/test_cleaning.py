@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from stages.data import cleaning, rows
+from stages.data.kinds import chat, preference, prompt, text
 from stages.engine.recipe import DedupeSection, FiltersSection
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -16,7 +17,15 @@ GSM8K = SHARED / "gsm8k" / "train.jsonl"
 
 
 def records_of(lines):
-    return [rows.convert(json.loads(line), "auto", "chat") for line in lines]
+    return [rows.convert(json.loads(line), "auto", chat) for line in lines]
+
+
+KIND_OF = {"messages": chat, "text": text, "reference": prompt, "chosen": preference}  # by a key only its records have
+
+
+def lines_of(record: dict) -> list[tuple[str, str, bool]]:
+    """The lines cleaning reads of a record of any kind, as its kind gives them."""
+    return next(kind for key, kind in KIND_OF.items() if key in record).lines(record)
 
 
 def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
@@ -29,10 +38,10 @@ def near_copy(record: dict, rng: random.Random, changes: int = 3) -> dict:
 
 def clean(records, **dedupe):
     settings = DedupeSection(**dedupe)
-    facts = cleaning.describe(records, settings)
+    facts = cleaning.describe([lines_of(r) for r in records], settings)
     codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
                                       FiltersSection(max_repetition=None), lambda: [facts["signature"]],
-                                      lambda rows: (records[i] for i in rows))
+                                      lambda rows: (lines_of(records[i]) for i in rows))
     for i in np.flatnonzero(codes == 1):  # an exact duplicate names the first row with its text
         assert 0 <= of[i] < i and (facts["fingerprint"][of[i]] == facts["fingerprint"][i]).all()
     for i in np.flatnonzero(codes == 2):  # a near duplicate names an earlier row that was kept
@@ -75,7 +84,7 @@ def test_repetition_filter():
     varied = {"messages": [{"role": "user", "content": "q"},
                            {"role": "assistant", "content": " ".join(f"word{i}" for i in range(120))}]}
     settings = DedupeSection(near_threshold=None)
-    facts = cleaning.describe([loop, varied], settings)
+    facts = cleaning.describe([lines_of(loop), lines_of(varied)], settings)
     codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
                                       FiltersSection(max_repetition=0.5), None, None)
     assert codes.tolist() == [1 + cleaning.REASONS.index("repetitive"), 0] and of.tolist() == [-1, -1]
@@ -123,24 +132,25 @@ def test_described_rows_are_their_own_texts_hashed():
     pieces = [" word", " Word", " cat", " ", "\u3000", "\xa0", "\n", "é", "!!", "12", "_", "\t", "ſ"]
     records = records_of(GSM8K.read_text().splitlines()[:300]) if GSM8K.is_file() else []
 
-    def text():
+    def some_text():
         return "".join(rng.choices(pieces, k=rng.randint(0, 80)))
 
     for _ in range(300):
-        messages = [{"role": role, "content": text()}
+        messages = [{"role": role, "content": some_text()}
                     for role in rng.choice([["user", "assistant"], ["system", "user", "assistant", "user", "assistant"]])]
-        prompt = messages[:-2] or messages[:1]  # with an assistant turn where there is one: not an answer
-        records.append(rng.choice([{"messages": messages}, {"text": text()}, {"prompt": prompt, "reference": text()},
-                                   {"prompt": prompt, "chosen": messages[-1:], "rejected": messages[-1:]}]))
+        head = messages[:-2] or messages[:1]  # with an assistant turn where there is one: not an answer
+        records.append(rng.choice([{"messages": messages}, {"text": some_text()}, {"prompt": head, "reference": some_text()},
+                                   {"prompt": head, "chosen": messages[-1:], "rejected": messages[-1:]}]))
     for settings in (DedupeSection(near_threshold=0.8), DedupeSection(ngram=3, num_perm=16)):
-        facts = cleaning.describe(records, settings)
+        facts = cleaning.describe([lines_of(r) for r in records], settings)
         near = cleaning.NearDuplicates(settings.near_threshold or 0.5, settings.num_perm, settings.ngram,
                                        lambda: [facts["signature"]], np.ones(len(records), dtype=bool))
-        gram_sets = near.gram_sets(records)
+        gram_sets = near.gram_sets([lines_of(r) for r in records])
         for i, record in enumerate(records):
-            norm = cleaning.normalized(record)
+            norm = cleaning.normalized(lines_of(record))
             assert facts["fingerprint"][i].tobytes() == blake3.blake3(norm.encode()).digest(length=16)
-            assert facts["repetition"][i] == np.float32(repetition_of(rows.answers(record))), record
+            answers = [t for _, t, answer in lines_of(record) if answer]
+            assert facts["repetition"][i] == np.float32(repetition_of(answers)), record
             assert np.array_equal(facts["signature"][i], minhash(norm, settings)), record
             assert np.array_equal(gram_sets[i], np.unique(shingles(norm, settings.ngram))), record
 
@@ -148,13 +158,13 @@ def test_described_rows_are_their_own_texts_hashed():
 def test_signatures_are_datasketchs_minhash():
     """Many rows' signatures at once are datasketch's own MinHash of each row's n-grams, for rows
     of one, two and many words, and across the batches signatures() splits the work into."""
-    texts = [cleaning.normalized(r) for r in records_of(GSM8K.read_text().splitlines()[:200])] if GSM8K.is_file() else []
+    texts = [cleaning.normalized(lines_of(r)) for r in records_of(GSM8K.read_text().splitlines()[:200])] if GSM8K.is_file() else []
     texts += ["", "one", "two words", " ".join(f"w{i}" for i in range(80000))]
     settings = DedupeSection(ngram=3)
     grams = [shingles(t, 3) for t in texts]
     ours = cleaning.signatures(np.concatenate(grams), np.array([len(g) for g in grams]), settings.num_perm)
-    for text, got in zip(texts, ours):
-        assert np.array_equal(got, minhash(text, settings)), text[:80]
+    for t, got in zip(texts, ours):
+        assert np.array_equal(got, minhash(t, settings)), t[:80]
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="../shared/datasets is not on this machine")
@@ -181,13 +191,13 @@ def test_near_dedupe_decides_as_datasketchs_lsh_with_exact_jaccard(monkeypatch):
     stream = originals + copies + mixed
     rng.shuffle(stream)
     settings = DedupeSection()
-    facts = cleaning.describe(stream, settings)
+    facts = cleaning.describe([lines_of(r) for r in stream], settings)
     codes, of = cleaning.drop_reasons(facts["fingerprint"], facts["repetition"], settings,
                                       FiltersSection(max_repetition=None), lambda: [facts["signature"]],
-                                      lambda rows: (stream[i] for i in rows))
+                                      lambda rows: (lines_of(stream[i]) for i in rows))
 
     lsh = MinHashLSH(threshold=settings.near_threshold, num_perm=settings.num_perm, weights=(0.2, 0.8))
-    grams = [np.unique(shingles(cleaning.normalized(r), settings.ngram)) for r in stream]
+    grams = [np.unique(shingles(cleaning.normalized(lines_of(r)), settings.ngram)) for r in stream]
     want = np.zeros(len(stream), dtype=np.int64) - 1
     for i, signature in enumerate(facts["signature"]):
         sketch = MinHash(num_perm=settings.num_perm, seed=1, scheme=cleaning.SCHEME, hashvalues=signature)

@@ -178,7 +178,7 @@ def test_a_stage_that_reads_an_undeclared_field_fails_naming_it(warm):
 
 
 def test_a_stage_cannot_open_an_upstream_file_it_does_not_declare(warm):
-    evaluate = warm / "stages" / "evaluate.py"
+    evaluate = warm / "stages" / "eval.py"
     evaluate.write_text(evaluate.read_text().replace(
         "    settings = ctx.recipe.eval\n", "    settings = ctx.recipe.eval\n    (ctx.upstream['shards'] / 'stats.json').read_text()\n"))
     run = doit(warm, "eval:tiny")
@@ -193,11 +193,16 @@ def code_of(project: Path, stage: str) -> list[str]:
 
 def test_a_stage_key_covers_the_code_it_runs_and_nothing_else(warm):
     plan, evaluate = code_of(warm, "plan"), code_of(warm, "eval")
-    assert "stages/train/autotune.py" in plan and "stages/train/settings.py" in plan
-    assert not {"stages/checkpoint.py", "stages/train/trainer.py", "stages/data/packed.py"} & set(plan)
-    assert "stages/data/render.py" in evaluate and "stages/model/trained.py" in evaluate
-    assert not {"stages/data/word_cache.py", "stages/data/skeleton.py", "stages/checkpoint.py"} & set(evaluate)
-    assert "stages/train/sft.py" in code_of(warm, "checkpoint")  # the recipe's method's module
+    assert {"stages/train/autotune.py", "stages/train/settings.py", "stages/train/methods.py"} <= set(plan)
+    assert not {"stages/checkpoint.py", "stages/train/trainer.py"} & set(plan)
+    assert not [f for f in plan if f.startswith("stages/data/")]  # editing a data reader never re-plans
+    assert {"stages/data/render.py", "stages/model/trained.py", "stages/data/kinds/chat.py"} <= set(evaluate)
+    assert not {"stages/data/word_cache.py", "stages/data/skeleton.py", "stages/data/template.py",
+                "stages/checkpoint.py", "stages/data/kinds/prompt.py"} & set(evaluate)  # only the recipe's kind
+    assert "stages/data/kinds/chat.py" in code_of(warm, "shards")
+    checkpoint = code_of(warm, "checkpoint")
+    assert "stages/train/sft.py" in checkpoint and "stages/train/dpo.py" not in checkpoint  # the recipe's method's
+    assert not [f for f in checkpoint if f.startswith("stages/data/kinds/")]  # a kind's code never retrains
 
     trainer = warm / "stages" / "train" / "trainer.py"
     trainer.write_text(trainer.read_text() + "\n# a change to the trainer's code\n")
@@ -209,7 +214,8 @@ def test_a_stage_key_covers_the_code_it_runs_and_nothing_else(warm):
 def test_the_device_that_runs_a_model_is_in_the_keys_of_the_stages_that_run_one():
     """quantized and eval run on a GPU in bf16 where there is one, on the CPU in fp32 otherwise:
     different bytes from the same inputs, so the device is part of their keys (and the plan's)."""
-    from stages import evaluate, plan, quantized
+    from stages import eval as evaluate
+    from stages import plan, quantized
     from stages.engine.recipe import HardwareSection
 
     assert quantized.extra_inputs(None, REPO, None) == evaluate.extra_inputs(None, REPO, None) == {"device": "cpu"}

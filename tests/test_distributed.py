@@ -164,7 +164,7 @@ def test_a_single_child_process_writes_what_training_in_process_writes(trained, 
     plan = json.loads((artifact(project, "plan", name) / "plan.json").read_text())["decisions"]
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
-    spec = {"method": "stages.train.sft", "plan": plan, "resume": None,
+    spec = {"method": "sft", "plan": plan, "resume": None,
             "train": load(project / "recipes" / f"{name}.yaml").train.model_dump(mode="json"),
             "base": str(artifact(project, "base", name)), "shards": str(artifact(project, "shards", name)),
             "work": str(work), "out": str(out)}

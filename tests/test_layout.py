@@ -1,7 +1,9 @@
 """The layout shows the architecture: the engine imports no stage and no internals, internals
 import no stage module, nothing imports in a circle, every row of the stage table names a
 module with a build(ctx, out), the engine's parts are layered (a key is computed without the
-build, the build without doit's tasks), and importing the engine does nothing."""
+build, the build without doit's tasks), importing the engine does nothing, every row of the method
+table names a method module and a data kind with their parts, and the keys of the stages that read
+the method table stay narrow."""
 from __future__ import annotations
 
 import ast
@@ -11,8 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
+from stages.engine.inputs import code_files
 from stages.table import STAGES
+from stages.train.methods import METHODS
 
 STAGE_MODULES = {row.module for row in STAGES.values()}
 
@@ -35,7 +41,7 @@ def test_imports_go_one_way():
     for module, deps in graph.items():
         if module.startswith("stages.engine"):
             assert all(d.startswith("stages.engine") for d in deps), (module, deps)
-        if module.split(".")[1:2] in (["data"], ["train"], ["model"], ["serving"], ["view"], ["chain"], ["scoring"]):
+        if module.split(".")[1:2] in (["data"], ["train"], ["model"], ["inference"], ["view"], ["chain"], ["scoring"]):
             assert not deps & STAGE_MODULES and "stages.table" not in deps, (module, deps)
     for module in STAGE_MODULES:
         assert not graph[module] & STAGE_MODULES, module  # a stage uses internals, not another stage
@@ -105,3 +111,43 @@ def test_importing_the_engine_reads_no_working_directory(tmp_path):
     earlier import ran in: with the working directory gone, every engine module still imports."""
     run = import_engine(tmp_path, first="import os; os.rmdir(os.getcwd())")
     assert run.returncode == 0, run.stderr
+
+
+def test_a_package_init_holds_only_its_docstring():
+    """No stage's key covers a package's __init__.py (a key covers modules), so code there would
+    shape artifacts unseen."""
+    for path in (REPO / "stages").rglob("__init__.py"):
+        body = ast.parse(path.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), path
+
+
+KIND_PARTS = ("SIDES", "PACKED", "LEARNS", "BESIDE", "convert", "lines", "tokenize", "heldout_docs", "tasks", "scores")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_row_names_its_module_and_its_data_kind(method):
+    row = METHODS[method]
+    module = importlib.import_module(row.module)
+    assert callable(module.dataset) and callable(module.make_trainer), row.module
+    kind = importlib.import_module(row.kind_module)
+    assert all(hasattr(kind, part) for part in KIND_PARTS), (row.kind_module, [p for p in KIND_PARTS if not hasattr(kind, p)])
+    assert row.head in ("causal_lm", "score") and row.metrics
+
+
+TOKENIZING = {f"stages/data/{m}.py" for m in ("template", "skeleton", "word_cache", "tiktoken_encoder", "sources",
+                                               "cleaning", "shard_writer")}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_method_table_keeps_each_stage_key_to_the_code_it_runs(method):
+    """The plan reads the method table for its step shape, but covers no data code: editing a data
+    reader never re-plans. Training covers its method's module and no data kind: a kind's edit
+    re-shards, and early cutoff keeps the checkpoint. Eval covers its kind (its held-out scoring)
+    but none of the tokenizing code the kind is handed."""
+    row = METHODS[method]
+    plan = code_files(["stages.plan"])
+    assert "stages/train/methods.py" in plan and not [f for f in plan if f.startswith("stages/data/")], plan
+    checkpoint = code_files(["stages.checkpoint", row.module])
+    assert not [f for f in checkpoint if f.startswith("stages/data/kinds/")], checkpoint
+    evaluation = code_files(["stages.eval", row.kind_module])
+    assert not TOKENIZING & set(evaluation), TOKENIZING & set(evaluation)

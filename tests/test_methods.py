@@ -9,18 +9,33 @@ import shutil
 import pytest
 
 from conftest import SHARED, doit
+from stages.train.methods import METHODS
 from test_pipeline import artifact
 
 HH = SHARED / "datasets" / "hh-rlhf-harmless" / "test.jsonl.gz"
 
 
+def test_every_method_a_recipe_can_name_has_its_row():
+    """train.method's values (the recipe schema, which imports nothing of training) are the rows
+    of the method table, in its order: a method added to one and not the other fails here, not
+    halfway through a build."""
+    import typing
+
+    from stages.engine.recipe import TrainSection
+
+    assert typing.get_args(TrainSection.model_fields["method"].annotation) == tuple(METHODS)
+
+
 def built_eval(project, recipe: str) -> dict:
-    """Build the recipe to its manifest; its eval.json, checked to be what the manifest records."""
+    """Build the recipe to its manifest; its eval.json, checked to be what the manifest records
+    and to report the metrics of the recipe's method's row, for each model."""
     run = doit(project, f"manifest:{recipe}", timeout=1800)
     assert run.rc == 0, run.out[-3000:]
     evaluation = json.loads((artifact(project, "eval", recipe) / "eval.json").read_text())
     manifest = json.loads((artifact(project, "manifest", recipe) / "manifest.json").read_text())
     assert manifest["eval"]["trained"] == evaluation["trained"]
+    metrics = set(METHODS[manifest["recipe"]["train"]["method"]].metrics)
+    assert set(evaluation["base"]) - {"size_bytes"} == set(evaluation["trained"]) - {"size_bytes"} == metrics
     return evaluation
 
 
@@ -37,6 +52,10 @@ def test_dpo_widens_the_preference_margin_on_heldout_pairs(fresh):
     assert trained["preference_accuracy"] > base["preference_accuracy"]
     steps = [json.loads(line) for line in (artifact(fresh, "checkpoint", "tiny_dpo") / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 60 and "rewards/margins" in steps[-1]  # TRL's DPO logs, kept per step
+    run = doit(fresh, "report:tiny_dpo")  # pairs are kept whole, not packed: the report says so
+    assert run.rc == 0, run.out[-2000:]
+    html = (artifact(fresh, "report", "tiny_dpo") / "report.html").read_text()
+    assert "training rows kept whole (not packed)" in html
 
 
 def test_orpo_widens_the_preference_margin_on_heldout_pairs(fresh):
@@ -73,7 +92,7 @@ def test_dpo_on_real_hh_rlhf_pairs(fresh):
 
 def test_rewards_check_answers_and_fail_in_one_line():
     from stages.engine.errors import UserError
-    from stages.train.rewards import reward_function
+    from stages.train.verifiers import reward_function
 
     exact, gsm8k = reward_function("exact_answer"), reward_function("gsm8k")
     assert exact(" 65 ", "65") == 1.0 and exact("56", "65") == 0.0

@@ -145,7 +145,7 @@ def test_no_scheme_builds_no_export_and_eval_scores_the_rest(warm):
 
 
 def test_serve_picks_a_scheme_export_first_listed_by_default(tmp_path):
-    from stages.serving.served import served
+    from stages.inference.served import served
 
     manifest = {"recipe": {"quantize": {"scheme": ["mxfp4", "fp8"]}},
                 "artifacts": {"quantized": {"files": {"fp8/config.json": "a", "mxfp4/config.json": "b", "score.json": "c"}},

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stages.data import rows
+from stages.data.kinds import chat, preference, prompt, text
 from stages.engine.errors import UserError
 from stages.engine.recipe import DataSection
 from stages.data.sources import SourceCount, job_records, label_of, source_jobs
@@ -20,7 +21,7 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/dataset
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 
 
-def collect(data: DataSection, kind: str, root: Path):
+def collect(data: DataSection, kind, root: Path):
     """(kept records, drop counts, rows read per source) of every source, as the shards stage reads them."""
     kept, dropped, rows_in = [], Counter(), Counter()
     for src in data.sources:
@@ -34,7 +35,7 @@ def collect(data: DataSection, kind: str, root: Path):
     return kept, dropped, rows_in
 
 
-def read(tmp_path, files: dict[str, str | bytes], kind="chat", on_error="fail"):
+def read(tmp_path, files: dict[str, str | bytes], kind=chat, on_error="fail"):
     for name, body in files.items():
         (tmp_path / name).write_bytes(body if isinstance(body, bytes) else body.encode())
     return collect(DataSection(sources=[{"path": name} for name in files], on_error=on_error), kind, tmp_path)
@@ -45,33 +46,32 @@ def jsonl(*objs) -> str:
 
 
 def test_formats_are_detected_and_converted():
-    chat = rows.convert(CHAT, "auto", "chat")
-    assert chat == {"messages": CHAT["messages"]}
+    assert rows.convert(CHAT, "auto", chat) == {"messages": CHAT["messages"]}
     sharegpt = rows.convert({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
-                            "auto", "chat")
+                            "auto", chat)
     assert sharegpt["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    alpaca = rows.convert({"instruction": "Add", "input": "2 3", "output": "5"}, "auto", "chat")
+    alpaca = rows.convert({"instruction": "Add", "input": "2 3", "output": "5"}, "auto", chat)
     assert alpaca["messages"] == [{"role": "user", "content": "Add\n\n2 3"}, {"role": "assistant", "content": "5"}]
     reasoning = rows.convert({"messages": [{"role": "user", "content": "q"},
-                                           {"role": "assistant", "content": "a", "thinking": "hmm"}]}, "auto", "chat")
+                                           {"role": "assistant", "content": "a", "thinking": "hmm"}]}, "auto", chat)
     assert reasoning["messages"][1] == {"role": "assistant", "content": "a", "reasoning": "hmm"}
-    assert rows.convert({"text": "once upon"}, "auto", "text") == {"text": "once upon"}
-    pair = rows.convert({"prompt": "q", "chosen": "good", "rejected": "bad"}, "auto", "preference")
+    assert rows.convert({"text": "once upon"}, "auto", text) == {"text": "once upon"}
+    pair = rows.convert({"prompt": "q", "chosen": "good", "rejected": "bad"}, "auto", preference)
     assert pair == {"prompt": [{"role": "user", "content": "q"}],
                     "chosen": [{"role": "assistant", "content": "good"}],
                     "rejected": [{"role": "assistant", "content": "bad"}]}
     implicit = rows.convert({"chosen": CHAT["messages"],
                              "rejected": [CHAT["messages"][0], {"role": "assistant", "content": "no"}]},
-                            "auto", "preference")
+                            "auto", preference)
     assert implicit["prompt"] == CHAT["messages"][:1] and implicit["rejected"][0]["content"] == "no"
-    grpo = rows.convert({"question": "2+2?", "answer": "4"}, "auto", "prompt")
+    grpo = rows.convert({"question": "2+2?", "answer": "4"}, "auto", prompt)
     assert grpo == {"prompt": [{"role": "user", "content": "2+2?"}], "reference": "4"}
-    assert rows.convert({"question": "2+2?", "answer": "4"}, "auto", "chat")["messages"][1]["content"] == "4"
+    assert rows.convert({"question": "2+2?", "answer": "4"}, "auto", chat)["messages"][1]["content"] == "4"
 
 
 def test_a_row_of_the_wrong_kind_is_refused():
     with pytest.raises(rows.BadRow, match="cannot feed continued pretraining"):
-        rows.convert(CHAT, "auto", "text")
+        rows.convert(CHAT, "auto", text)
 
 
 def test_file_types_jsonl_json_csv_parquet_and_gzip(tmp_path):
@@ -87,7 +87,7 @@ def test_file_types_jsonl_json_csv_parquet_and_gzip(tmp_path):
     assert len(got) == 4 and not dropped
     (tmp_path / "f.csv.gz").write_bytes(gzip.compress(b"question,answer\n2+2?,4.50\n"))
     data = DataSection(sources=[{"path": "a.parquet"}, {"path": "b.csv"}, {"path": "f.csv.gz"}])
-    parsed, _, _ = collect(data, "chat", tmp_path)
+    parsed, _, _ = collect(data, chat, tmp_path)
     assert [r["messages"][-1]["content"] for r in parsed] == ["5", "4", "4.50"]  # cells stay text
 
 
@@ -97,7 +97,7 @@ def test_hub_source_reads_a_pinned_dataset(tmp_path):
     (tmp_path / "ds" / "train.jsonl").write_text(jsonl(CHAT, {"messages": [
         {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}))
     data = DataSection(sources=[{"hub": str(tmp_path / "ds"), "revision": "0" * 40}])
-    got, _, rows_in = collect(data, "chat", tmp_path)
+    got, _, rows_in = collect(data, chat, tmp_path)
     assert [r["messages"][1]["content"] for r in got] == ["yo", "b"]
     assert rows_in == {f"{tmp_path / 'ds'}@{'0' * 40}": 2}
 
@@ -129,18 +129,18 @@ def test_real_datasets_convert_without_loss():
     """ShareGPT conversations, GSM8K problems and HH-RLHF transcripts (gzip) from ../shared."""
     data = DataSection(sources=[{"path": "fastchat-dummy-conversation/dummy_conversation.json"},
                                 {"path": "gsm8k/test.jsonl"}])
-    chats, dropped, _ = collect(data, "chat", SHARED)
+    chats, dropped, _ = collect(data, chat, SHARED)
     assert len(chats) == 500 + 1319 and not dropped
     assert {m["role"] for r in chats for m in r["messages"]} <= {"user", "assistant"}
     data = DataSection(sources=[{"path": "hh-rlhf-harmless/test.jsonl.gz"}], on_error="skip")
-    pairs, dropped, _ = collect(data, "preference", SHARED)
+    pairs, dropped, _ = collect(data, preference, SHARED)
     assert len(pairs) + sum(dropped.values()) == 2312 and len(pairs) > 2200
     first = pairs[0]
     assert first["prompt"][-1]["role"] == "user" and first["chosen"] != first["rejected"]
 
 
 def test_a_row_over_max_row_bytes_is_counted_oversized_and_never_read_whole(tmp_path):
-    from stages.data.rows import Oversized, jsonl_blocks
+    from stages.data.files import Oversized, jsonl_blocks
 
     big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000},
                                    {"role": "assistant", "content": "y"}]})
@@ -150,14 +150,14 @@ def test_a_row_over_max_row_bytes_is_counted_oversized_and_never_read_whole(tmp_
     blocks = list(jsonl_blocks(tmp_path / "a.jsonl", 64, 4096))  # cuts fall inside the big lines
     assert [b.length for b in blocks if isinstance(b, Oversized)] == [len(big) + 1, len(big) + 1]
     data = DataSection(sources=[{"path": "a.jsonl"}], max_row_bytes=4096)  # on_error: fail
-    kept, dropped, rows_in = collect(data, "chat", tmp_path)
+    kept, dropped, rows_in = collect(data, chat, tmp_path)
     assert len(kept) == 2 and dropped == {"oversized": 2} and rows_in == {"a.jsonl": 4}
     with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
         f.write(body)
     data = DataSection(sources=[{"path": "a.jsonl.gz"}], max_row_bytes=4096)
-    assert collect(data, "chat", tmp_path)[1] == {"oversized": 2}
+    assert collect(data, chat, tmp_path)[1] == {"oversized": 2}
     data = DataSection(sources=[{"path": "a.jsonl"}], max_row_bytes=100_000)
-    assert collect(data, "chat", tmp_path)[1] == {}
+    assert collect(data, chat, tmp_path)[1] == {}
 
 
 def test_files_as_people_have_them_bom_crlf_and_mixed_escaping(tmp_path):

@@ -109,7 +109,7 @@ def test_greedy_answers_are_the_eval_stages(greedy, built):
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoTokenizer
 
-    from stages.evaluate import heldout_docs
+    from stages.data.kinds import chat
     from stages.model.trained import load_trained
 
     latest, recipe = built / "artifacts" / "tiny" / "latest", load(built / "recipes" / "tiny.yaml")
@@ -122,7 +122,8 @@ def test_greedy_answers_are_the_eval_stages(greedy, built):
     lm = HFLM(pretrained=model.eval(), tokenizer=tok, batch_size=recipe.eval.batch_size,
               max_length=model.config.max_position_embeddings)
     settings = {"until": [tok.eos_token], "max_gen_toks": recipe.eval.max_new_tokens, "do_sample": False}
-    prompts = [d["prompt"] for d in heldout_docs(latest / "shards", tok, recipe.eval.limit)]
+    rows = [json.loads(line) for line in (latest / "shards" / "heldout" / "heldout.jsonl").read_text().splitlines()]
+    prompts = [d["prompt"] for d in chat.heldout_docs(rows[:recipe.eval.limit], tok, model.config.max_position_embeddings)]
     expected = lm.generate_until([Instance("generate_until", {}, (p, dict(settings)), i) for i, p in enumerate(prompts)])
     assert greedy == expected
 
@@ -235,8 +236,8 @@ def test_a_tampered_checkpoint_is_refused(warm):
 
 def test_the_vllm_command_serves_the_checked_directories(tmp_path):
     """vLLM itself is not here (no GPU, its own environment): its command line is what is checked."""
-    from stages.serving.served import Served
-    from stages.serving.vllm import command
+    from stages.inference.served import Served
+    from stages.inference.vllm import command
 
     base, adapter = tmp_path / "base", tmp_path / "checkpoint" / "adapter"
     adapter.mkdir(parents=True)

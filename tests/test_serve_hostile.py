@@ -212,7 +212,7 @@ def test_clients_that_leave_free_the_model_at_once(server):
 def test_past_the_in_flight_limit_a_request_is_429_at_once(server):
     """Requests that hold a slot without finishing (a body promised, never sent) fill the limit;
     one more is 429 in OpenAI's shape at once, and when they go the server serves again."""
-    from stages.serving.app import MAX_IN_FLIGHT
+    from stages.inference.app import MAX_IN_FLIGHT
 
     model, port = server.models[0].id, server.port
     holders = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_IN_FLIGHT)]

@@ -197,7 +197,7 @@ def test_length_rules_are_counted(truncation, expect):
     lengths = np.array([2, 5, 20, 30, 4, 20])
     loss = np.array([2, 5, 20, 30, 0, 1])
     loss_when_cut = {2: 16, 5: 0}
-    codes, cut, kept_loss = selection.length_rules(lengths, loss, lambda at: [loss_when_cut[i] for i in at], data, "chat")
+    codes, cut, kept_loss = selection.length_rules(lengths, loss, lambda at: [loss_when_cut[i] for i in at], data, True)
     assert selection.counted(codes, selection.LENGTH_REASONS) == expect["dropped"]
     assert np.flatnonzero(codes == 0).tolist() == expect["kept"]
     assert cut.tolist() == expect["cut"]

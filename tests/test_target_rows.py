@@ -10,6 +10,7 @@ from stages.data.packed import IGNORE
 from stages.engine.recipe import TrainSection
 from stages.model.tiny import char_tokenizer
 from stages.train import sft
+from stages.train.methods import METHODS
 
 
 def packed_batch(vocab: int, rows: int = 3, length: int = 64, seed: int = 0) -> list[dict]:
@@ -42,7 +43,7 @@ def model_and_trainer(tmp_path, peft: str):
     rows = packed_batch(len(tok))
     t = TrainSection(peft=peft, lora={"r": 4, "alpha": 8}, max_steps=1, micro_batch_size=len(rows))
     plan = {"device": "cpu", "dtype": "float32", "processes": 1, "micro_batch_size": len(rows), "grad_accum": 1}
-    run = sft.make_trainer(model, Dataset.from_list(rows), tok, plan, t, tmp_path / "work")
+    run = sft.make_trainer(METHODS["sft"], model, Dataset.from_list(rows), tok, plan, t, tmp_path / "work")
     return run, sft.collate(rows)
 
 

@@ -1,11 +1,12 @@
 """Cleaning: exact and near-duplicate removal and quality filters, each drop with a reason.
 
-Exact duplicates are found on a fingerprint of the normalized text (case and
-whitespace folded). Near duplicates use MinHash over word n-grams with an LSH
-index (datasketch); a candidate the index returns counts only if the exact Jaccard
-similarity of the two rows' n-gram sets reaches the threshold, so the estimate's
-noise never drops a distinct row. Rows are visited in a fixed order, so
-the first of a group is kept, on every machine.
+A record is read as its data kind's lines (stages/data/kinds/: prefix, text, and whether the
+text is an answer), so cleaning knows no kind. Exact duplicates are found on a fingerprint of
+the normalized text (case and whitespace folded). Near duplicates use MinHash over word n-grams
+with an LSH index (datasketch); a candidate the index returns counts only if the exact Jaccard
+similarity of the two rows' n-gram sets reaches the threshold, so the estimate's noise never
+drops a distinct row. Rows are visited in a fixed order, so the first of a group is kept, on
+every machine.
 """
 from __future__ import annotations
 
@@ -20,26 +21,10 @@ def fold(text: str) -> str:
     return " ".join(text.split()).lower()  # whitespace runs -> one space, ends stripped
 
 
-def lines_of(record: dict) -> list[tuple[str, str, bool]]:
-    """The record as (prefix, text, is an answer) lines: its normalized text is each prefix and
-    folded text, one line each; the answers are what the repetition filter reads."""
-    def chat(messages, answers: bool | None, head: str = ""):  # answers None: the assistant turns
-        return [(head * (i == 0) + m["role"] + ":", m["content"], m["role"] == "assistant" if answers is None else answers)
-                for i, m in enumerate(messages)]
-
-    if "messages" in record:
-        return chat(record["messages"], None)
-    if "text" in record:
-        return [("", record["text"], True)]
-    if "reference" in record:
-        return chat(record["prompt"], False) + [("reference:", record["reference"], True)]
-    return chat(record["prompt"], False) + chat(record["chosen"], True, "chosen:") + \
-        chat(record["rejected"], True, "rejected:")
-
-
-def normalized(record: dict) -> str:
-    """The record's text for duplicate detection: roles + contents, case and whitespace folded."""
-    return "\n".join(prefix + fold(text) for prefix, text, _ in lines_of(record))
+def normalized(lines: list[tuple[str, str, bool]]) -> str:
+    """A record's text for duplicate detection, from its lines (its kind's lines(record): prefix,
+    text, is an answer): each prefix and folded text, one line each."""
+    return "\n".join(prefix + fold(text) for prefix, text, _ in lines)
 
 
 def fingerprint_of(norm: bytes) -> bytes:
@@ -143,10 +128,10 @@ class NearDuplicates:
             keys = (keys * np.uint64(0x100000001B3)) ^ bands[:, :, k]
         return keys
 
-    def gram_sets(self, records: list[dict]) -> list[np.ndarray]:
+    def gram_sets(self, lines: list[list]) -> list[np.ndarray]:
         """Each record's set of word n-gram hashes (sorted, unique), all records hashed at once:
-        the word n-grams of normalized(record) for each, as describe_batch hashes a batch."""
-        texts = [normalized(r).encode() for r in records]
+        the word n-grams of normalized(its lines) for each, as describe_batch hashes a batch."""
+        texts = [normalized(view).encode() for view in lines]
         hashes, word_starts = words_of_bytes(np.frombuffer(b"\n".join(texts), dtype=np.uint8))
         grams, counts = segment_shingles(hashes, words_of_texts(word_starts, texts), self.ngram)
         keys = np.sort((np.repeat(np.arange(len(texts), dtype=np.uint64), counts) << np.uint64(32)) | grams)
@@ -165,9 +150,9 @@ class NearDuplicates:
         agree = np.count_nonzero(self.sketch[at] == self.sketch[self.position[i]], axis=1) / self.sketch.shape[1]
         return [j for j, ok in zip(candidates, (agree >= self.cutoff).tolist()) if ok]
 
-    def decide(self, records):
+    def decide(self, lines):
         """(row, the kept row it is a near copy of) of each near duplicate among the asked rows,
-        in order; records(rows) gives those rows' records (rows in increasing order). A batch of
+        in order; lines(rows) gives those rows' lines (rows in increasing order). A batch of
         rows at a time: first the pairs that could reach the threshold, against kept rows and
         against every earlier row of the batch (whether those are kept is not known yet), whose
         rows' n-gram sets are then made at once; then each row in order against the kept rows
@@ -187,7 +172,7 @@ class NearDuplicates:
                     earlier.setdefault(b, []).append(i)
             need = sorted(({j for close in plausible.values() for j in close} | plausible.keys()) - self.grams.keys())
             if need:
-                self.grams.update(zip(need, self.gram_sets(list(records(np.array(need, dtype=np.int64))))))
+                self.grams.update(zip(need, self.gram_sets(list(lines(np.array(need, dtype=np.int64))))))
             for i, where in zip(batch, buckets):
                 copied = next((j for j in plausible.get(i, ()) if j in self.kept
                                and jaccard(self.grams[j], self.grams[i]) >= self.threshold), None)
@@ -266,27 +251,27 @@ def signatures(grams: np.ndarray, counts: np.ndarray, num_perm: int) -> np.ndarr
 DESCRIBE_BATCH = 256  # rows hashed together (their bytes, times the temporaries, stay a few MB)
 
 
-def describe(records: list[dict], dedupe) -> dict[str, np.ndarray]:
-    """What cleaning needs to know of each row, computed once and kept with its tokens, as
-    arrays: `fingerprint` (n, 16) of the normalized text, `repetition` (n,) of the answers,
+def describe(lines: list[list], dedupe) -> dict[str, np.ndarray]:
+    """What cleaning needs to know of each row (given as its lines), computed once and kept with
+    its tokens, as arrays: `fingerprint` (n, 16) of the normalized text, `repetition` (n,) of the answers,
     and with near dedupe on the MinHash `signature` (n, num_perm) of the normalized text's
     word n-grams. Rows are hashed in batches (numpy's cost per call is paid per batch, not
     per row), and a row's answers' n-grams are slices of its normalized text's words."""
-    batches = [describe_batch(records[i: i + DESCRIBE_BATCH], dedupe) for i in range(0, len(records), DESCRIBE_BATCH)]
+    batches = [describe_batch(lines[i: i + DESCRIBE_BATCH], dedupe) for i in range(0, len(lines), DESCRIBE_BATCH)]
     return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
 
 
-def describe_batch(records: list[dict], dedupe) -> dict[str, np.ndarray]:
+def describe_batch(lines: list[list], dedupe) -> dict[str, np.ndarray]:
     texts, answers, at = [], [], 0  # answers: (row, byte range) of each non-blank answer in the joined texts
-    for row, record in enumerate(records):
-        lines = []
-        for prefix, text, is_answer in lines_of(record):
+    for row, view in enumerate(lines):
+        folded = []
+        for prefix, text, is_answer in view:
             line = (prefix + fold(text)).encode()
             if is_answer and text.strip():
                 answers.append((row, at + len(prefix.encode()), at + len(line)))
-            lines.append(line)
+            folded.append(line)
             at += len(line) + 1
-        texts.append(b"\n".join(lines))
+        texts.append(b"\n".join(folded))
     hashes, word_starts = words_of_bytes(np.frombuffer(b"\n".join(texts), dtype=np.uint8))
     out = {"fingerprint": np.frombuffer(b"".join(map(fingerprint_of, texts)), dtype=np.uint8).reshape(-1, 16)}
     answers = np.array(answers, dtype=np.int64).reshape(-1, 3)
@@ -312,14 +297,13 @@ REASONS = ("exact_duplicate", "near_duplicate", "repetitive")
 
 
 def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filters, signature_chunks,
-                 records) -> tuple[np.ndarray, np.ndarray]:
+                 lines) -> tuple[np.ndarray, np.ndarray]:
     """Why each row is dropped (0 kept, else 1 + the index in REASONS), deciding as if row by row
     in their fixed order, so the first row of a group of duplicates is kept, on every machine:
     a row is an exact duplicate of any earlier row with its fingerprint; else, with near dedupe
     on, a near duplicate of an earlier kept row (signature_chunks() gives every row's signature
-    in order, and is called twice; records(rows) gives those rows' records in order, asked only
-    of rows in a pair NearDuplicates compares exactly); else
-    repetitive above filters.max_repetition. Also, for each duplicate, the row it repeats (-1
+    in order, and is called twice; lines(rows) gives those rows' lines in order, asked only of
+    rows in a pair NearDuplicates compares exactly); else repetitive above filters.max_repetition. Also, for each duplicate, the row it repeats (-1
     for the others)."""
     codes = np.ones(len(fingerprints), dtype=np.int8)
     _, first, group = np.unique(np.ascontiguousarray(fingerprints).view(np.dtype((np.void, 16))).ravel(),
@@ -328,7 +312,7 @@ def drop_reasons(fingerprints: np.ndarray, repetition: np.ndarray, dedupe, filte
     of = np.where(codes == 1, first[group.ravel()], -1)
     if dedupe.near_threshold:
         near = NearDuplicates(dedupe.near_threshold, dedupe.num_perm, dedupe.ngram, signature_chunks, codes == 0)
-        for i, copied in near.decide(records):
+        for i, copied in near.decide(lines):
             codes[i], of[i] = 2, copied
     if filters.max_repetition is not None:
         codes[(codes == 0) & (repetition.astype(np.float64) > filters.max_repetition)] = 3

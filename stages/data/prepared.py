@@ -12,10 +12,6 @@ import numpy as np
 
 from stages.data import rows
 
-def sides(kind: str) -> tuple[str, ...]:
-    """The token sequences of a row: a preference pair has two."""
-    return ("ids", "rejected_ids") if kind == "preference" else ("ids",)
-
 
 def by_chunk(chunk_of: np.ndarray):
     """(chunk, positions in chunk_of) for each chunk named in chunk_of, in chunk order."""
@@ -23,25 +19,26 @@ def by_chunk(chunk_of: np.ndarray):
         yield c, np.flatnonzero(chunk_of == c)
 
 
-def chunk_docs(path: Path, src, rows_at: np.ndarray, kind: str) -> list[dict]:
-    """The tokenized documents of some rows of one prepared chunk (ids and masks, both sides of
-    a pair, and a prompt's reference answer)."""
+def chunk_docs(path: Path, src, rows_at: np.ndarray, kind) -> list[dict]:
+    """The tokenized documents of some rows of one prepared chunk: each of the kind's sides' ids
+    and mask (both sides of a pair), and the record fields it keeps beside them (a prompt's
+    reference answer)."""
     from safetensors import safe_open
 
     docs = [{} for _ in rows_at]
     with safe_open(str(path), "np") as f:
-        for key in sides(kind):
+        for key in kind.SIDES:
             offsets, ids, mask = (f.get_tensor(k) for k in (f"{key}_offsets", key, key.replace("ids", "mask")))
             for doc, i in zip(docs, rows_at):
                 lo, hi = offsets[i], offsets[i + 1]
                 doc[key], doc[key.replace("ids", "mask")] = ids[lo:hi], mask[lo:hi]
-    if kind == "prompt":
+    if kind.BESIDE:
         for doc, record in zip(docs, chunk_records(path, src, rows_at, kind)):
-            doc["reference"] = record["reference"]
+            doc.update({field: record[field] for field in kind.BESIDE})
     return docs
 
 
-def chunk_records(path: Path, src, rows_at, kind: str) -> list[dict]:
+def chunk_records(path: Path, src, rows_at, kind) -> list[dict]:
     """The canonical records of some rows of one prepared chunk."""
     stored, bounds, from_source = chunk_rows(path)
     return [stored_record(stored[bounds[i]: bounds[i + 1] - 1], from_source, src, kind) for i in rows_at]
@@ -66,9 +63,10 @@ class Prepared:
     """Every prepared row of a recipe's sources, in order: what cleaning and the length rules
     read, as arrays over all rows (`lengths`: tokens of the document, or of a pair's chosen
     side; `longest`: of its longer side; `source` and `row`: which source and which row of it,
-    counted from 1), and each row's record or tokens read where needed."""
+    counted from 1), and each row's record, lines or tokens read where needed. `kind` is the data
+    kind's module."""
 
-    def __init__(self, parts: list[Path], sources, kind: str):
+    def __init__(self, parts: list[Path], sources, kind):
         from safetensors import safe_open
 
         self.kind = kind
@@ -81,7 +79,7 @@ class Prepared:
             with safe_open(str(path), "np") as f:
                 for key in ("fingerprint", "repetition", "split", "loss_tokens"):
                     facts[key].append(f.get_tensor(key))
-                lengths = [np.diff(f.get_tensor(f"{key}_offsets")) for key in sides(kind)]
+                lengths = [np.diff(f.get_tensor(f"{key}_offsets")) for key in kind.SIDES]
                 job = int(path.stem.split("-")[1])
                 facts["row"].append(before[path.parent][job] + f.get_tensor("position") + 1)
             facts["lengths"].append(lengths[0])
@@ -112,16 +110,20 @@ class Prepared:
         for c, where in by_chunk(self.chunk_of[rows_at]):
             yield from chunk_records(*self.chunks[c], self.local[rows_at[where]], self.kind)
 
+    def lines(self, rows_at: np.ndarray):
+        """The lines cleaning reads of these rows (in increasing order)."""
+        return (self.kind.lines(record) for record in self.records(rows_at))
+
     def loss_up_to(self, rows_at: np.ndarray, cut: int) -> np.ndarray:
         """Loss tokens among the first `cut` tokens of each of these rows (both sides of a pair)."""
         out = np.zeros(len(rows_at), dtype=np.int64)
         for c, where in by_chunk(self.chunk_of[rows_at]):
             for k, doc in zip(where, chunk_docs(*self.chunks[c], self.local[rows_at[where]], self.kind)):
-                out[k] = sum(int(doc[key.replace("ids", "mask")][:cut].sum()) for key in sides(self.kind))
+                out[k] = sum(int(doc[key.replace("ids", "mask")][:cut].sum()) for key in self.kind.SIDES)
         return out
 
 
-def stored_record(line: bytes, from_source: bool, src, kind: str) -> dict:
+def stored_record(line: bytes, from_source: bool, src, kind) -> dict:
     """A prepared row's canonical record: its source line converted again, or the stored record."""
     row = json.loads(line)
     return rows.convert(row, src.format, kind) if from_source else row

@@ -1,39 +1,28 @@
-"""Reading data sources into canonical rows, whatever format users bring.
+"""Rows as the training methods consume them, whatever format users bring: each raw row (read
+by stages/data/files.py) is detected as one format (or the source says which: `format:`) and
+converted by the recipe's data kind (stages/data/kinds/) to that kind's canonical record. Here:
+the formats, and the helpers the kinds share (messages, a chat from any chat-like format, the
+lines cleaning reads of a conversation).
 
-A source is a local .jsonl/.json/.parquet/.csv file (optionally .gz) or a hub
-dataset pinned to a revision. Each raw row is detected as one format (or the
-recipe says which) and converted to what the training method consumes:
+    format      a raw row's fields                                  feeds the kinds
+    chat        messages (or ShareGPT's conversations)              chat, prompt
+    alpaca      instruction, input, output                          chat, prompt
+    prompt      prompt/question/query + reference/answer/...        chat, prompt
+    preference  prompt?, chosen, rejected                           preference
+    text        text                                                text
 
-    chat        {"messages": [{"role", "content", "reasoning"?}, ...]}      sft
-    text        {"text": str}                                               cpt
-    preference  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}  dpo, orpo, reward
-    prompt      {"prompt": [messages], "reference": str}                    grpo
-
-A row that cannot be converted raises BadRow with a reason (the drop-count key)
-and a message; the caller fails with file:line or counts it (on_error: skip).
+A row that cannot be converted raises BadRow with a reason (the drop-count key) and a message;
+one the model's chat template refuses becomes Refused. The caller fails with file:line or
+counts it (on_error: skip).
 """
 from __future__ import annotations
 
-import csv
-import gzip
-import json
-import os
-import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-
-from stages.engine.errors import UserError
-
-KIND_OF_METHOD = {"sft": "chat", "cpt": "text", "dpo": "preference", "orpo": "preference", "grpo": "prompt",
-                  "reward": "preference"}
 ROLES = {"system", "user", "assistant"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}
 REASONING_KEYS = ("reasoning", "reasoning_content", "thinking")
 PROMPT_KEYS = ("prompt", "question", "query")
 ANSWER_KEYS = ("reference", "answer", "completion", "response", "solution")
-TRANSCRIPT_TURN = re.compile(r"\n\n(Human|Assistant): ")
 
 
 class BadRow(Exception):
@@ -42,155 +31,14 @@ class BadRow(Exception):
         self.reason = reason
 
 
-# reading -------------------------------------------------------------------------
-def file_format(path: str) -> str:
-    name = path[:-3] if path.endswith(".gz") else path
-    for ext in ("jsonl", "json", "parquet", "csv"):
-        if name.endswith("." + ext):
-            return ext
-    raise UserError(f"{path}: unknown file type; use .jsonl, .json, .parquet or .csv (optionally .gz), "
-                    f"or set file_format in the source")
+class Refused(Exception):
+    """The chat template raised an error for a conversation (a role it does not take, turns
+    that do not alternate...): the row is bad, as a malformed one is."""
+
+    def __init__(self, error: Exception):
+        super().__init__(" ".join(str(error).split()))  # one line
 
 
-SCAN = 1 << 20  # bytes read at a time while looking for a line's end
-
-
-@dataclass(frozen=True)
-class Oversized:
-    """A line longer than data.max_row_bytes, skipped without being read into memory."""
-    length: int
-
-
-def rest_of_line(f, keep: int) -> tuple[bytes | None, int]:
-    """Read on to just past the next line end (or the end of the file), SCAN bytes at a time:
-    (the bytes read, or None once they pass `keep` and are no longer held; how many)."""
-    kept, n = [], 0
-    while piece := f.readline(SCAN):
-        n += len(piece)
-        if kept is not None and n <= keep:
-            kept.append(piece)
-        else:
-            kept = None
-        if piece.endswith(b"\n"):
-            break
-    return (b"".join(kept) if kept is not None else None), n
-
-
-def jsonl_blocks(path: Path, size: int, limit: int) -> Iterator[tuple[int, int] | bytes | Oversized]:
-    """A JSON Lines file in blocks of about `size` bytes, each ending at a line end, for workers
-    to parse: (offset, length) in a plain file, which a worker reads itself, or the bytes of a
-    gzipped one, decompressed here. The line a cut falls in is read on to its end; where that
-    part alone is over `limit` bytes the line is an Oversized job of its own, never held in
-    memory (shorter lines over the limit are found by the worker, in a block it holds anyway)."""
-    if path.name.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            while block := f.read(size):
-                tail, n = rest_of_line(f, limit)
-                if tail is not None:
-                    yield block + tail
-                    continue
-                head = block.rfind(b"\n") + 1
-                if head:
-                    yield block[:head]
-                yield Oversized(len(block) - head + n)
-        return
-    with open(path, "rb") as f:
-        total, offset = os.fstat(f.fileno()).st_size, 0
-        while offset < total:
-            cut = min(offset + size, total)
-            f.seek(cut)
-            end = cut + rest_of_line(f, 0)[1]  # on to the end of the line the cut falls in
-            if end - cut > limit:
-                start = line_start(f, offset, cut)
-                if start > offset:
-                    yield offset, start - offset
-                yield Oversized(end - start)
-            else:
-                yield offset, end - offset
-            offset = end
-
-
-def line_start(f, lo: int, at: int) -> int:
-    """Where the line that holds byte `at` begins (not before `lo`), read backwards SCAN at a time."""
-    while at > lo:
-        n = min(SCAN, at - lo)
-        f.seek(at - n)
-        k = f.read(n).rfind(b"\n")
-        if k >= 0:
-            return at - n + k + 1
-        at -= n
-    return lo
-
-
-def jsonl_rows(block: bytes, limit: int) -> Iterator[tuple[bytes, dict | BadRow]]:
-    """(line, raw row) for each line of a block, split at universal newlines as text files are.
-    A UTF-8 byte-order mark (as Windows tools write at the start of a file) is not part of the row."""
-    for line in block.splitlines():
-        if len(line) > limit:
-            yield line, oversized(len(line))
-            continue
-        try:
-            text = line.decode("utf-8").removeprefix("\ufeff")
-        except UnicodeDecodeError as e:
-            yield line, BadRow("malformed_json", f"not UTF-8 ({e.reason} at byte {e.start + 1})")
-            continue
-        if not text.strip():
-            yield line, BadRow("blank_line", "blank line")
-            continue
-        try:
-            yield line, json.loads(text)
-        except json.JSONDecodeError as e:
-            yield line, BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
-
-
-def oversized(length: int) -> BadRow:
-    return BadRow("oversized", f"a row of at least {length:,} bytes, over data.max_row_bytes")
-
-
-def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | BadRow]]:
-    """(where, raw row) pairs of a .json, .parquet or .csv file; `where` is file:row N.
-    (JSON Lines are read in blocks by the workers: jsonl_blocks, jsonl_rows.)"""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    if fmt == "json":
-        with opener(path, "rt", encoding="utf-8-sig") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{label}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
-                                f"fix the file") from None
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        if not isinstance(data, list):
-            raise UserError(f"{label}: a .json source is a list of rows (or {{\"data\": [...]}})")
-        for i, row in enumerate(data, 1):
-            yield f"{label}:row {i}", row
-    else:
-        from datasets import load_dataset
-
-        kwargs = {}
-        if fmt == "csv":  # every cell is text as written: "4.50" stays "4.50", an empty cell ""
-            with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
-                columns = next(csv.reader(f), [])
-            kwargs = {"converters": {c: str for c in columns}, "keep_default_na": False}
-        ds = load_dataset(fmt, data_files=str(path), split="train", streaming=True, **kwargs)
-        for i, row in enumerate(ds, 1):
-            yield f"{label}:row {i}", row
-
-
-def read_hub(hub: str, revision: str, subset: str | None, split: str) -> Iterator[tuple[str, dict]]:
-    """Stream a hub dataset at a pinned revision (a local dataset directory takes the same path)."""
-    from datasets import load_dataset
-
-    try:
-        ds = load_dataset(hub, subset, revision=revision, split=split, streaming=True)
-    except Exception as e:  # the hub client raises many types; the user needs the one line
-        raise UserError(f"data source {hub}@{revision}: cannot load ({type(e).__name__}: {e}); "
-                        f"check the id, revision and split") from None
-    for i, row in enumerate(ds, 1):
-        yield f"{hub}@{revision}:{split}:row {i}", row
-
-
-# formats -------------------------------------------------------------------------
 def detect(row: dict) -> str:
     if "messages" in row or "conversations" in row:
         return "chat"
@@ -239,16 +87,8 @@ def messages(value) -> list[dict]:
     return [message(m) for m in value]
 
 
-def transcript(text: str) -> list[dict]:
-    """'\\n\\nHuman: ...\\n\\nAssistant: ...' (the HH-RLHF layout) as messages."""
-    parts = TRANSCRIPT_TURN.split(text)
-    if len(parts) < 3 or parts[0].strip():
-        raise BadRow("invalid_row", "a transcript string starts with '\\n\\nHuman: '")
-    return [{"role": "user" if who == "Human" else "assistant", "content": said}
-            for who, said in zip(parts[1::2], parts[2::2])]
-
-
 def as_chat(row: dict, fmt: str) -> list[dict]:
+    """The conversation of a chat, alpaca or prompt row."""
     if fmt == "chat":
         return messages(row.get("messages", row.get("conversations")))
     if fmt == "alpaca":
@@ -264,62 +104,17 @@ def as_chat(row: dict, fmt: str) -> list[dict]:
     raise BadRow("wrong_format", f"a {fmt} row cannot be a chat example")
 
 
-def side(value) -> list[dict]:
-    """One side of a preference pair: a string, a transcript, or a list of messages."""
-    if isinstance(value, str):
-        return transcript(value) if value.startswith("\n\nHuman: ") else [{"role": "assistant", "content": value}]
-    return messages(value)
-
-
-def as_preference(row: dict) -> dict:
-    chosen, rejected = side(row.get("chosen")), side(row.get("rejected"))
-    if "prompt" in row:
-        prompt = side(row["prompt"]) if not isinstance(row["prompt"], str) else \
-            [{"role": "user", "content": row["prompt"]}]
-    else:  # implicit prompt: the turns both sides share
-        n = 0
-        while n < min(len(chosen), len(rejected)) - 1 and chosen[n] == rejected[n]:
-            n += 1
-        prompt, chosen, rejected = chosen[:n], chosen[n:], rejected[n:]
-    if not prompt or prompt[-1]["role"] != "user":
-        raise BadRow("invalid_row", "a preference pair needs a prompt ending in a user turn")
-    for name, answer in (("chosen", chosen), ("rejected", rejected)):
-        if not answer or any(m["role"] != "assistant" for m in answer):
-            raise BadRow("invalid_row", f"{name} must be assistant turns after the prompt")
-    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
-
-
-def convert(row, fmt: str, kind: str) -> dict:
-    """The raw row as the canonical record of `kind` (see the module docstring)."""
+def convert(row, fmt: str, kind) -> dict:
+    """The raw row as the canonical record of `kind` (a module of stages/data/kinds/), from its
+    format as the source names it or as detected."""
     if not isinstance(row, dict):
         raise BadRow("invalid_row", "a row is a JSON object")
-    fmt = detect(row) if fmt == "auto" else fmt
-    if kind == "chat":
-        chat = as_chat(row, fmt)
-        if not any(m["role"] == "assistant" for m in chat):
-            raise BadRow("no_assistant_turn", "no assistant turn to learn from")
-        return {"messages": chat}
-    if kind == "text":
-        if fmt != "text":
-            raise BadRow("wrong_format", f"a {fmt} row cannot feed continued pretraining (needs text)")
-        return {"text": text_field(row, "text")}
-    if kind == "preference":
-        if fmt != "preference":
-            raise BadRow("wrong_format", f"a {fmt} row cannot feed preference training")
-        return as_preference(row)
-    chat = as_chat(row, fmt)
-    last = max((i for i, m in enumerate(chat) if m["role"] == "assistant"), default=None)
-    if last is None or last == 0:
-        raise BadRow("invalid_row", "a prompt row needs a prompt and a reference answer")
-    return {"prompt": chat[:last], "reference": chat[last]["content"]}
+    return kind.convert(row, detect(row) if fmt == "auto" else fmt)
 
 
-def answers(record: dict) -> list[str]:
-    """The texts a model learns to produce from this record (for the empty-answer filter)."""
-    if "messages" in record:
-        return [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-    if "text" in record:
-        return [record["text"]]
-    if "reference" in record:
-        return [record["reference"]]
-    return [m["content"] for m in record["chosen"] + record["rejected"]]
+def turns(messages: list[dict], answers: bool | None = None, head: str = "") -> list[tuple[str, str, bool]]:
+    """A conversation as the lines cleaning reads (a kind's lines(record)): (prefix, text, is an
+    answer) per turn, the prefix its role (after `head` on the first); the answers are the
+    assistant turns, or all turns or none where `answers` says so."""
+    return [(head * (i == 0) + m["role"] + ":", m["content"], m["role"] == "assistant" if answers is None else answers)
+            for i, m in enumerate(messages)]

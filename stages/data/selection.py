@@ -8,6 +8,7 @@ from pathlib import Path
 import blake3
 import numpy as np
 
+
 def split_hash(fingerprint: bytes, seed: int) -> int:
     """A stable split: a row's side depends on its own (normalized) content alone, not on its
     neighbours. The row is held out when this 32-bit hash is below fraction * 2**32."""
@@ -22,11 +23,12 @@ def counted(codes: np.ndarray, reasons: tuple[str, ...]) -> dict[str, int]:
     return {r: int(n) for r, n in zip(reasons, np.bincount(codes, minlength=len(reasons) + 1)[1:]) if n}
 
 
-def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, kind: str):
+def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, learns: bool):
     """The length rules, for documents whose longer side has `longest` tokens and `loss` tokens
-    of loss: (codes, 0 kept else 1 + the index in LENGTH_REASONS; which are kept cut to
-    max_length; loss tokens of each once cut). loss_when_cut(at) counts again the loss of the
-    documents at `at` that are cut: some of it may lie past max_length."""
+    of loss (where the kind `learns`, a document left without any is dropped): (codes, 0 kept
+    else 1 + the index in LENGTH_REASONS; which are kept cut to max_length; loss tokens of each
+    once cut). loss_when_cut(at) counts again the loss of the documents at `at` that are cut:
+    some of it may lie past max_length."""
     f, L = data.filters, data.max_length
     codes = np.zeros(len(longest), dtype=np.int8)
     codes[longest < f.min_tokens] = 1
@@ -37,7 +39,7 @@ def length_rules(longest: np.ndarray, loss: np.ndarray, loss_when_cut, data, kin
     cut = np.flatnonzero((codes == 0) & (longest > L))
     loss = loss.astype(np.int64)
     loss[cut] = loss_when_cut(cut)
-    if kind != "prompt":
+    if learns:
         codes[(codes == 0) & (loss == 0)] = 3
     return codes, cut[codes[cut] == 0], loss
 

@@ -1,18 +1,18 @@
 """The shards stage's output: documents packed best-fit-decreasing, a window at a time (memory
-stays bounded), into shards in the format of stages/data/packed.py (or flat arrays for the
-kinds that are not packed), written by one worker process per core, in a deterministic order.
+stays bounded), into shards in the format of stages/data/packed.py (or kept whole, in the format
+of stages/data/ragged.py, for the data kinds that are not packed), written by one worker process
+per core, in a deterministic order.
 """
 from __future__ import annotations
 
 import bisect
-import json
+import importlib
 import os
 from pathlib import Path
 
 import numpy as np
 
-from stages.data import packed
-from stages.data.packed import IGNORE
+from stages.data import packed, ragged
 from stages.data.prepared import by_chunk, chunk_docs
 
 PACK_WINDOW = 65536  # documents packed together (and held in memory) at once
@@ -74,42 +74,22 @@ def shard_buffers(n: int, L: int) -> tuple[np.ndarray, np.ndarray]:
     return have[0][:n], have[1][:n]
 
 
-def write_ragged(path: Path, docs: list[dict], kind: str) -> None:
-    """Unpacked documents as flat arrays plus offsets (preference pairs, prompts)."""
-    from safetensors.numpy import save_file
-
-    def flat(key, mask_key=None):
-        arrays = {key: np.concatenate([d[key] for d in docs]).astype(np.int32),
-                  f"{key}_offsets": np.cumsum([0] + [len(d[key]) for d in docs]).astype(np.int64)}
-        if mask_key:
-            arrays[f"{key}_labels"] = np.concatenate([np.where(d[mask_key].view(bool), d[key], IGNORE)
-                                                      for d in docs]).astype(np.int32)
-        return arrays
-
-    if kind == "preference":
-        tensors = {**flat("ids", "mask"), **flat("rejected_ids", "rejected_mask")}
-    else:
-        tensors = flat("ids")
-        with open(path.with_suffix(".references.jsonl"), "w") as f:
-            for d in docs:
-                f.write(json.dumps(d["reference"], ensure_ascii=False) + "\n")
-    save_file(tensors, str(path))
-
-
-def write_shard(path: Path, chunks: list, at: np.ndarray, kind: str, L: int, pad_id: int) -> int:
+def write_shard(path: Path, chunks: list, at: np.ndarray, kind_module: str, L: int, pad_id: int) -> int:
     """One shard of documents, given as (chunk, row in it) and cut to L tokens; returns the
-    sequences written (0 for the unpacked kinds). Runs in a worker."""
+    sequences written (0 for a kind that is not packed). Runs in a worker; the data kind comes
+    by its module's name (a module does not pickle)."""
+    kind = importlib.import_module(kind_module)
     docs = [None] * len(at)
     for c, where in by_chunk(at[:, 0]):
         for k, doc in zip(where, chunk_docs(*chunks[c], at[where, 1], kind)):
-            docs[k] = {key: v if isinstance(v, str) else v[:L] for key, v in doc.items()}
-    if kind in ("chat", "text"):
+            docs[k] = {key: v[:L] if isinstance(v, np.ndarray) else v for key, v in doc.items()}
+    if kind.PACKED:
         return write_packed(path, docs, L, pad_id)
-    write_ragged(path, docs, kind)
+    ragged.write(path, docs, kind.SIDES, kind.LEARNS, kind.BESIDE)
     return 0
 
 
-def write_shards(out: Path, prepared, docs: np.ndarray, kind: str, L: int, pad_id: int) -> tuple[int, int]:
+def write_shards(out: Path, prepared, docs: np.ndarray, L: int, pad_id: int) -> tuple[int, int]:
     """The documents at rows `docs`, in order, PACK_WINDOW to a shard; shards are written by one
     worker process per core. Returns (sequences, shards)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -121,7 +101,8 @@ def write_shards(out: Path, prepared, docs: np.ndarray, kind: str, L: int, pad_i
     windows = [docs[i: i + PACK_WINDOW] for i in range(0, len(docs), PACK_WINDOW)]
     with ProcessPoolExecutor(min(os.cpu_count() or 1, max(len(windows), 1)), mp_context=get_context("fork")) as pool:
         futures = [pool.submit(write_shard, out / f"shard-{k:05d}.safetensors", prepared.chunks,
-                               np.stack([prepared.chunk_of[w], prepared.local[w]], axis=1), kind, L, pad_id)
+                               np.stack([prepared.chunk_of[w], prepared.local[w]], axis=1), prepared.kind.__name__,
+                               L, pad_id)
                    for k, w in enumerate(windows)]
         sequences = sum(f.result() for f in tqdm(futures, desc="shards", unit=" shards"))
     return sequences, len(windows)

@@ -1,15 +1,16 @@
 """The shards stage's first pass: each source read, converted, described for cleaning and
 tokenized, by one worker process per core.
 
-A worker reads its block of the file (stages/data/rows.py turns any supported format into
-the record the training method consumes), describes each row for cleaning
-(stages/data/cleaning.py), tokenizes it with the model's own chat template, loss on
-assistant tokens only (stages/data/template.py), and writes the block's arrays and rows as
-a chunk (read back by stages/data/prepared.py). Outcomes are taken in file order, so the
+A worker reads its block of the file (stages/data/files.py), converts each row to the record of
+the recipe's data kind (stages/data/rows.py, stages/data/kinds/), describes it for cleaning
+(stages/data/cleaning.py, from the kind's lines), tokenizes it as the kind says through the
+Encoder here (the model's own chat template and loss masks: stages/data/template.py), and writes
+the block's arrays and rows as a chunk (read back by stages/data/prepared.py). Outcomes are taken in file order, so the
 first bad row is the one reported, and every row read is kept or counted under a reason.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections import Counter
@@ -17,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.data import cleaning, rows, template
-from stages.data.prepared import sides
+from stages.data import cleaning, files, rows, template
 from stages.data.selection import split_hash
 from stages.data.tiktoken_encoder import encode_texts, encoder_of
 from stages.engine.errors import UserError
@@ -35,19 +35,19 @@ def label_of(src) -> str:
 
 def source_jobs(src, root: Path, data):
     """One source's reading work for the workers, in file order: blocks of a JSON Lines file
-    (which the workers parse; see rows.jsonl_blocks; a line over data.max_row_bytes is an
+    (which the workers parse; see files.jsonl_blocks; a line over data.max_row_bytes is an
     Oversized job, never read) or lists of (where, raw row) read here,
     for the other file types and the hub."""
     if src.path is not None:
-        fmt = rows.file_format(src.path) if src.file_format == "auto" else src.file_format
+        fmt = files.file_format(src.path) if src.file_format == "auto" else src.file_format
         if fmt == "jsonl":
             path = root / src.path
-            for block in rows.jsonl_blocks(path, BLOCK_BYTES, data.max_row_bytes):
-                yield block if isinstance(block, (bytes, rows.Oversized)) else (str(path), *block)
+            for block in files.jsonl_blocks(path, BLOCK_BYTES, data.max_row_bytes):
+                yield block if isinstance(block, (bytes, files.Oversized)) else (str(path), *block)
             return
-        raw = rows.read_local(root / src.path, src.path, fmt)
+        raw = files.read_local(root / src.path, src.path, fmt)
     else:
-        raw = rows.read_hub(src.hub, src.revision, src.subset, src.split)
+        raw = files.read_hub(src.hub, src.revision, src.subset, src.split)
     yield from chunks_of(raw, CHUNK_ROWS)
 
 
@@ -58,21 +58,21 @@ def job_rows(job, limit: int):
         for where, row in job:
             yield where, row, None
         return
-    if isinstance(job, rows.Oversized):
-        yield 0, rows.oversized(job.length), None
+    if isinstance(job, files.Oversized):
+        yield 0, files.oversized(job.length), None
         return
     if isinstance(job, tuple):
         path, offset, length = job
         with open(path, "rb") as f:
             f.seek(offset)
             job = f.read(length)
-    for where, (line, row) in enumerate(rows.jsonl_rows(job, limit)):
+    for where, (line, row) in enumerate(files.jsonl_rows(job, limit)):
         yield where, row, line
 
 
-def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], list[tuple], dict]:
-    """The canonical records of a job's rows, each row as stored (its JSON line, or the record as
-    JSON where the row did not come from one) and where it was (its position in the job, and
+def job_records(job, src, data, kind) -> tuple[list[dict], list[bytes], list[tuple], dict]:
+    """The canonical records of a job's rows (of the data kind `kind`), each row as stored (its
+    JSON line, or the record as JSON where the row did not come from one) and where it was (its position in the job, and
     `where`), with what happened to the others: rows in, drops by reason and by position, and
     where on_error is fail the first bad row as (position, where, message)."""
     records, stored, places, dropped = [], [], [], Counter()
@@ -83,9 +83,10 @@ def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], lis
             if isinstance(row, rows.BadRow):
                 raise row
             record = rows.convert(row, src.format, kind)
-            text = sum(len(t) for _, t, _ in cleaning.lines_of(record)) if line is None else 0
-            if text > data.max_row_bytes:  # a row of a file read whole (JSON, Parquet, CSV, the hub)
-                raise rows.oversized(text)
+            view = kind.lines(record)
+            size = sum(len(t) for _, t, _ in view) if line is None else 0
+            if size > data.max_row_bytes:  # a row of a file read whole (JSON, Parquet, CSV, the hub)
+                raise files.oversized(size)
         except rows.BadRow as e:
             if data.on_error == "skip" or e.reason in COUNTED_ALWAYS:
                 dropped[e.reason] += 1
@@ -93,7 +94,7 @@ def job_records(job, src, data, kind: str) -> tuple[list[dict], list[bytes], lis
                 continue
             outcome["error"] = (position, where, str(e))
             break
-        if not all(a.strip() for a in rows.answers(record)):
+        if not all(text.strip() for _, text, answer in view if answer):
             dropped["empty_answer"] += 1
             outcome["drops"].append((position, "empty_answer"))
             continue
@@ -126,34 +127,31 @@ class SourceCount:
         self.dropped.update(outcome["dropped"])
 
 
-def tokenize(tok, kind: str, batch: list[dict]) -> list[dict | template.Refused]:
-    """Token ids and loss labels of each record (two sequences for a preference pair), or why
-    the model's chat template refused it."""
-    if kind == "chat":
-        return [done if isinstance(done, template.Refused) else {"ids": done[0], "mask": done[1]}
-                for done in template.encode_chats(tok, [r["messages"] for r in batch])]
-    if kind == "text":
-        enc = encode_texts(tok, [r["text"] for r in batch])
-        return [{"ids": np.append(ids, tok.eos_token_id), "mask": np.ones(len(ids) + 1, dtype=np.uint8)} for ids in enc]
-    if kind == "preference":
-        chosen = template.encode_chats(tok, [r["prompt"] + r["chosen"] for r in batch])
-        rejected = template.encode_chats(tok, [r["prompt"] + r["rejected"] for r in batch])
-        return [c if isinstance(c, template.Refused) else r if isinstance(r, template.Refused) else
-                {"ids": c[0], "mask": c[1], "rejected_ids": r[0], "rejected_mask": r[1]} for c, r in zip(chosen, rejected)]
-    prompts = [template.render_or_refuse(tok, r["prompt"], generation_prompt=True) for r in batch]
-    texts = [p for p in prompts if isinstance(p, str)]
-    encoded = iter(encode_texts(tok, texts))
-    return [p if isinstance(p, template.Refused) else
-            {"ids": (ids := next(encoded)), "mask": np.zeros(len(ids), dtype=np.uint8), "reference": r["reference"]}
-            for p, r in zip(prompts, batch)]
+class Encoder:
+    """The model's tokenizer as a data kind's tokenize() uses it: conversations with their loss
+    masks (or why the chat template refused one), plain texts, a conversation rendered. The kinds
+    are handed this rather than importing the tokenization code, so the eval stage, which runs
+    their held-out scoring, does not have that code in its key."""
+
+    def __init__(self, tok):
+        self.tok, self.eos_token_id = tok, tok.eos_token_id
+
+    def chats(self, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray] | rows.Refused]:
+        return template.encode_chats(self.tok, conversations)
+
+    def texts(self, texts: list[str]) -> list[np.ndarray]:
+        return encode_texts(self.tok, texts)
+
+    def render(self, messages: list[dict], generation_prompt: bool = False) -> str | rows.Refused:
+        return template.render_or_refuse(self.tok, messages, generation_prompt)
 
 
-def prepare_chunk(records: list[dict], docs: list[dict], data, kind: str) -> dict[str, np.ndarray]:
+def prepare_chunk(records: list[dict], docs: list[dict], data, kind) -> dict[str, np.ndarray]:
     """Cleaning facts and tokens of a chunk of rows, as arrays (runs in a worker process)."""
-    arrays = cleaning.describe(records, data.dedupe)
+    arrays = cleaning.describe([kind.lines(r) for r in records], data.dedupe)
     arrays["split"] = np.array([split_hash(f.tobytes(), data.seed) for f in arrays["fingerprint"]], dtype=np.uint32)
     arrays["loss_tokens"] = np.zeros(len(docs), dtype=np.int64)
-    for key in sides(kind):
+    for key in kind.SIDES:
         mask_key = key.replace("ids", "mask")
         arrays[key] = np.concatenate([np.asarray(doc[key], dtype=np.int32) for doc in docs])
         arrays[f"{key}_offsets"] = np.cumsum([0] + [len(doc[key]) for doc in docs]).astype(np.int64)
@@ -175,15 +173,18 @@ def load_tokenizer(base: str) -> None:
         encoder_of(_worker["tok"])
 
 
-def prepare_job(index: int, job, src, kind: str, data, out: Path) -> dict:
+def prepare_job(index: int, job, src, kind_module: str, data, out: Path) -> dict:
     """A worker's whole share of one job: read, convert, describe, tokenize, and write
-    chunk-<index> (arrays, and the rows as stored) into `out`. Returns job_records' outcome."""
+    chunk-<index> (arrays, and the rows as stored) into `out`. Returns job_records' outcome.
+    The kind comes by its module's name (a module does not pickle)."""
     from safetensors.numpy import save_file
 
+    kind = importlib.import_module(kind_module)
     records, stored, places, outcome = job_records(job, src, data, kind)
+    enc = Encoder(_worker["tok"])
     docs = [doc for i in range(0, len(records), TOKENIZE_BATCH)
-            for doc in tokenize(_worker["tok"], kind, records[i: i + TOKENIZE_BATCH])]
-    refused = [k for k, doc in enumerate(docs) if isinstance(doc, template.Refused)]
+            for doc in kind.tokenize(enc, records[i: i + TOKENIZE_BATCH])]
+    refused = [k for k, doc in enumerate(docs) if isinstance(doc, rows.Refused)]
     if refused and data.on_error == "skip":
         outcome["dropped"]["template_refused"] += len(refused)
         outcome["drops"] = sorted(outcome["drops"] + [(places[k][0], "template_refused") for k in refused])
@@ -212,7 +213,7 @@ def chunks_of(iterable, size: int):
         yield chunk
 
 
-def prepare_source(ctx, src, kind: str, out: Path) -> None:
+def prepare_source(ctx, src, kind, out: Path) -> None:
     """Everything per row of one source that does not depend on other rows: read, convert,
     describe for cleaning, tokenize. Jobs go to one worker process per core, at most two each
     in flight, so memory stays bounded on large files; each worker writes its own chunk files,
@@ -237,7 +238,7 @@ def prepare_source(ctx, src, kind: str, out: Path) -> None:
         pending = deque()
         try:
             for index, job in enumerate(source_jobs(src, ctx.root, ctx.recipe.data)):
-                pending.append(pool.submit(prepare_job, index, job, src, kind, ctx.recipe.data, out))
+                pending.append(pool.submit(prepare_job, index, job, src, kind.__name__, ctx.recipe.data, out))
                 while len(pending) > 2 * workers or (pending and pending[0].done()):
                     take(pending.popleft())
             while pending:

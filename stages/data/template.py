@@ -30,6 +30,7 @@ from jinja2.exceptions import TemplateError
 
 from stages.data import skeleton
 from stages.data.render import dated, for_template, render
+from stages.data.rows import Refused
 from stages.engine.errors import UserError
 from stages.data.tiktoken_encoder import encoder_of
 
@@ -276,14 +277,6 @@ def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray)
         starts, ends = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2).T
         out.append((ids, loss_mask(ids, starts, ends > starts, sp, special)))
     return out
-
-
-class Refused(Exception):
-    """The chat template raised an error for a conversation (a role it does not take, turns
-    that do not alternate...): the row is bad, as a malformed one is."""
-
-    def __init__(self, error: TemplateError):
-        super().__init__(" ".join(str(error).split()))  # one line
 
 
 def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False) -> str | Refused:

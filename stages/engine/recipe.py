@@ -144,7 +144,7 @@ class TrainSection(Section):
     save_steps: int = Field(25, gt=0)
     seed: int = 0
     beta: float = Field(0.1, gt=0)  # dpo: KL strength; orpo: the odds-ratio term's weight
-    reward: str = "exact_answer"  # grpo: a name in stages/train/rewards.py's REWARDS
+    reward: str = "exact_answer"  # grpo: a name in stages/train/verifiers.py's REWARDS
     num_generations: int = Field(4, gt=1)  # grpo: completions sampled per prompt
     max_completion_length: int = Field(16, gt=0)  # grpo: tokens generated per completion
 

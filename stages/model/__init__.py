@@ -1,2 +1,2 @@
-"""Models: the tiny default built from a config, and a trained model loaded for the stages
-after training."""
+"""Models: the tiny default built from a config (tiny), a trained model loaded for the stages
+after training (trained), and AMD Quark's quantization and export (quark)."""

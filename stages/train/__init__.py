@@ -1,2 +1,4 @@
-"""Training internals: the plan's probe (autotune), what its decisions do to a model
-(settings), the shared trainer set-up, and one module per training method (sft)."""
+"""Training internals: the table of methods (methods), the plan's probe (autotune), what its
+decisions do to a model (settings), the shared trainer set-up (trainer, distributed), one module
+per method's trainer (sft for sft and cpt, dpo for dpo and orpo, reward, grpo), the pairs and
+prompts of the shards as TRL takes them (pairs), and GRPO's verifiable rewards (verifiers)."""

@@ -1,7 +1,8 @@
 """autotune: the plan stage's probe on a GPU. A few real training steps per candidate, on
 the run's shapes (the model's own architecture in the run's dtype, LoRA as the recipe
-says, micro-batches of packed sequences shaped as the method runs them: settings.step_shape,
-two sequences per preference pair, a GRPO prompt plus its completion), inside a time budget.
+says, micro-batches of packed sequences shaped as the method runs them: its row's step_shape in
+stages/train/methods.py, two sequences per preference pair, a GRPO prompt plus its completion),
+inside a time budget.
 
 Candidates are tried in stages, each keeping the winner of the last: attention
 implementation; activation checkpointing (off / selective: every other layer / full)
@@ -23,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from stages.train.methods import METHODS
 from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, nf4_config, rocm_env, sdpa_backend,
-                                   step_shape, training_mode)
+                                   training_mode)
 
 TIMED_STEPS = 3  # after one warm-up step; the median, so one step held up by the host does not decide
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
@@ -138,6 +140,13 @@ def fused_cross_entropy_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
+def batch_shape(recipe, micro_batch: int) -> tuple[int, int]:
+    """(rows, tokens per row) of one probe micro-batch: `micro_batch` examples of the recipe's
+    method, each its row's step shape."""
+    sequences, length = METHODS[recipe.train.method].step_shape(recipe.train, recipe.data.max_length)
+    return micro_batch * sequences, length
+
+
 def packed_batch(micro_batch: int, length: int, vocab: int, seed: int = 0):
     """Random token ids in packed sequences: documents of lognormal length restart positions."""
     import torch
@@ -167,7 +176,6 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)
     t = recipe.train
-    sequences, length = step_shape(t, recipe.data.max_length)
     deadline = time.monotonic() + recipe.autotune.budget_seconds
     total = torch.cuda.get_device_properties(0).total_memory
 
@@ -216,7 +224,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         try:
             model = model_for(setting)
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
-            batch = packed_batch(setting["micro_batch_size"] * sequences, length, config.vocab_size)
+            batch = packed_batch(*batch_shape(recipe, setting["micro_batch_size"]), config.vocab_size)
             # as training runs: the plan's SDPA backend, LoRA inputs left in bf16 under autocast
             with sdpa_backend(setting["sdpa_backend"]), disable_input_dtype_casting(model):
                 times = []

@@ -72,12 +72,11 @@ def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
 def main(spec_path: str) -> None:
     """One process (of torchrun's, or launch()'s only one): fit() with the spec the stage wrote;
     rank 0 records the run figures."""
-    import importlib
-
     import torch
 
     from stages.engine.recipe import TrainSection
     from stages.train import trainer
+    from stages.train.methods import METHODS
 
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", 0))  # absent: launch()'s single process, without torchrun
@@ -85,7 +84,7 @@ def main(spec_path: str) -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # before anything (QLoRA's device map) asks for it
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"rank {rank}: %(message)s")
     run: dict = {}
-    trainer.fit(importlib.import_module(spec["method"]), Path(spec["base"]), Path(spec["shards"]), spec["plan"],
+    trainer.fit(METHODS[spec["method"]], Path(spec["base"]), Path(spec["shards"]), spec["plan"],
                 TrainSection.model_validate(spec["train"]), Path(spec["work"]), Path(spec["out"]),
                 Path(spec["resume"]) if spec["resume"] else None, logging.getLogger("mindxtrain.train"), run)
     if rank == 0:

@@ -1,6 +1,8 @@
-"""DPO: TRL's DPOTrainer on the shards' preference pairs (stages/train/pairs.py), the sigmoid
-loss with train.beta; the reference model is the base (with LoRA: the same model with its
-adapter switched off, as TRL does; full weights: a frozen copy TRL makes)."""
+"""DPO and ORPO: TRL's preference trainer named in the method's row, on the shards' preference
+pairs (stages/train/pairs.py), with train.beta. DPO: the sigmoid loss, the reference model the
+base (with LoRA: the same model with its adapter switched off, as TRL does; full weights: a
+frozen copy TRL makes). ORPO (trl.experimental.orpo in TRL 1.x): the chosen answer's
+language-model loss plus train.beta times the odds-ratio loss, with no reference model."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,16 +16,9 @@ def dataset(shards: Path, tok):
     return preference_texts(shards, tok)
 
 
-def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
-    from trl import DPOConfig, DPOTrainer
-
-    return pairwise_trainer(DPOConfig, DPOTrainer, model, train, tok, plan, t, output_dir)
-
-
-def pairwise_trainer(config, trainer, model, train, tok, plan: dict, t, output_dir: Path):
-    """A TRL preference trainer (DPO's, ORPO's) over the pairs, with train.beta and the plan's
-    arguments."""
+def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
+    config, trainer = method.trl()
     args = config(**plan_args(plan, t, output_dir), beta=t.beta,
                   max_length=None)  # the shards stage already applied data.max_length
     return trainer(model=model, args=args, train_dataset=train, processing_class=tok,
-                   peft_config=peft_config(t))
+                   peft_config=peft_config(t, method.peft_task))

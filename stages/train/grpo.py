@@ -1,5 +1,5 @@
 """GRPO: TRL's GRPOTrainer on the shards' prompts, rewarded by the verifiable reward the recipe
-names (train.reward, stages/train/rewards.py) against each prompt's reference answer:
+names (train.reward, stages/train/verifiers.py) against each prompt's reference answer:
 train.num_generations sampled completions per prompt of up to train.max_completion_length
 tokens, each scored against the others of its group."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stages.train.pairs import prompt_texts
-from stages.train.rewards import reward_function
+from stages.train.verifiers import reward_function
 from stages.train.settings import peft_config
 from stages.train.trainer import plan_args
 
@@ -28,13 +28,12 @@ def reward_for_trainer(name: str):
     return reward
 
 
-def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
-    from trl import GRPOConfig, GRPOTrainer
-
-    args = GRPOConfig(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
-                      max_completion_length=t.max_completion_length)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
-                          processing_class=tok, peft_config=peft_config(t))
+def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
+    config, grpo_trainer = method.trl()
+    args = config(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
+                  max_completion_length=t.max_completion_length)
+    trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
+                           processing_class=tok, peft_config=peft_config(t, method.peft_task))
     generate_eagerly(trainer.model, plan)
     return trainer
 

@@ -1,20 +1,17 @@
-"""Preference pairs and prompts as the shards stage wrote them (flat ids, offsets, labels),
-turned back into what TRL's preference and GRPO trainers take: the prompt, and each answer from
-where its loss starts to its last learned token. Decoding the ids gives back the text the
-model's chat template rendered (the ids were made by tokenizing that text), so TRL tokenizes
-the same tokens again; cleaning, dedupe, the held-out split and max_length stay the shards'."""
+"""Preference pairs and prompts as the shards stage wrote them (stages/data/ragged.py: flat
+ids, offsets, labels, the references beside), turned back into what TRL's preference and GRPO
+trainers take: the prompt, and each answer from where its loss starts to its last learned token.
+Decoding the ids gives back the text the model's chat template rendered (the ids were made by
+tokenizing that text), so TRL tokenizes the same tokens again; cleaning, dedupe, the held-out
+split and max_length stay the shards'."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from stages.data import ragged
 from stages.data.packed import IGNORE
-
-
-def shard_files(shards: Path) -> list[Path]:
-    return sorted((shards / "train").glob("shard-*.safetensors"))
 
 
 def split(ids: np.ndarray, labels: np.ndarray, rejected: np.ndarray, rejected_labels: np.ndarray):
@@ -33,11 +30,9 @@ def split(ids: np.ndarray, labels: np.ndarray, rejected: np.ndarray, rejected_la
 
 def preference_ids(shards: Path) -> list[dict]:
     """Each training pair as token ids: prompt_ids, chosen_ids, rejected_ids (answers only)."""
-    from safetensors.numpy import load_file
-
     pairs = []
-    for path in shard_files(shards):
-        t = load_file(str(path))
+    for path in ragged.shard_files(shards):
+        t = ragged.read(path)
         for i in range(len(t["ids_offsets"]) - 1):
             a, b = t["ids_offsets"][i], t["ids_offsets"][i + 1]
             c, d = t["rejected_ids_offsets"][i], t["rejected_ids_offsets"][i + 1]
@@ -61,13 +56,11 @@ def prompt_texts(shards: Path, tok):
     """The training prompts (rendered with the generation prompt) and their reference answers,
     as TRL's GRPO dataset: the reference reaches the reward function as a keyword argument."""
     from datasets import Dataset
-    from safetensors.numpy import load_file
 
     rows = []
-    for path in shard_files(shards):
-        t = load_file(str(path))
-        refs = [json.loads(line) for line in path.with_suffix(".references.jsonl").read_text().splitlines()]
-        for i, ref in enumerate(refs):
+    for path in ragged.shard_files(shards):
+        t = ragged.read(path)
+        for i, ref in enumerate(ragged.beside(path, "references.jsonl")):
             ids = t["ids"][t["ids_offsets"][i]: t["ids_offsets"][i + 1]]
             rows.append({"prompt": tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
                          "reference": ref})

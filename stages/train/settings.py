@@ -23,24 +23,6 @@ def nodes() -> int:
     return int(value)
 
 
-# chosen and rejected run through the model as one batch: the methods whose data kind is "preference"
-# in stages/data/rows.KIND_OF_METHOD (not imported: the plan's code key would then cover the data
-# readers, and editing one would re-plan; tests/test_autotune.py holds the two together)
-PAIRED_METHODS = ("dpo", "orpo", "reward")
-
-
-def step_shape(t, max_length: int) -> tuple[int, int]:
-    """(sequences per example, tokens per sequence) of one training micro-batch row, as the
-    method runs it: a preference pair is two sequences in one forward; a GRPO sequence is its
-    prompt (up to data.max_length) and a sampled completion. The probe measures this shape, so
-    the micro-batch it picks fits the method that will train with it."""
-    if t.method in PAIRED_METHODS:
-        return 2, max_length
-    if t.method == "grpo":
-        return 1, max_length + t.max_completion_length
-    return 1, max_length
-
-
 def lora_config(t, task_type: str = "CAUSAL_LM"):
     """PEFT's LoraConfig from the recipe's train section (its lora and the method's task:
     SEQ_CLS for a reward model, whose new scoring head PEFT then trains in full)."""
@@ -51,9 +33,9 @@ def lora_config(t, task_type: str = "CAUSAL_LM"):
                       task_type=task_type)
 
 
-def peft_config(t, task_type: str = "CAUSAL_LM"):
+def peft_config(t, task_type: str):
     """The adapter TRL wraps the model in: LoRA for lora and qlora (whose base is loaded in
-    4-bit by trainable_model), none for full weights."""
+    4-bit by trainable_model), none for full weights; task_type is the method's row's peft_task."""
     return None if t.peft == "none" else lora_config(t, task_type)
 
 

@@ -1,6 +1,8 @@
-"""SFT: TRL's SFTTrainer over the packed shards as they are (no re-tokenization, no
+"""SFT and CPT: TRL's SFTTrainer over the packed shards as they are (no re-tokenization, no
 re-packing), with the plan's batch shape; the loss is the model's own loss function, computed
-on the positions that have a target only (bench/train_speed.py builds its trainer here too)."""
+on the positions that have a target only: the assistant tokens of chat rows (sft), every token
+of plain text (cpt: the text kind masks nothing out). bench/train_speed.py builds its trainer
+here too."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -68,16 +70,15 @@ class TargetRowsHead:
             self.rows = None
 
 
-def model_loss_trainer():
-    """SFTTrainer whose loss is the model's own loss function (cross-entropy on the shard's
+def model_loss_trainer(sft_trainer):
+    """`sft_trainer` (TRL's SFTTrainer) whose loss is the model's own loss function (cross-entropy on the shard's
     labels, normalized by the batch's loss tokens as TRL's is), on the target rows only
     (TargetRowsHead). TRL's default runs its chunked LM head instead, which also computes
     entropy and token accuracy for the logs: three host syncs and extra passes over the
     vocabulary per micro-batch (bench/step_profile.py times both)."""
     from transformers import Trainer
-    from trl import SFTTrainer
 
-    class ModelLossSFTTrainer(SFTTrainer):
+    class ModelLossSFTTrainer(sft_trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs = dict(inputs)
             rows, targets = inputs.pop("loss_rows"), inputs.pop("loss_targets")
@@ -96,12 +97,11 @@ def model_loss_trainer():
     return ModelLossSFTTrainer
 
 
-def make_trainer(model, train, tok, plan: dict, t, output_dir: Path):
+def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
     """SFTTrainer over packed rows, with the plan's batch shape."""
-    from trl import SFTConfig
-
-    args = SFTConfig(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
-    run = model_loss_trainer()(model=model, args=args, train_dataset=train, processing_class=tok,
-                               data_collator=collate, peft_config=peft_config(t))
+    config, trainer = method.trl()
+    args = config(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
+    run = model_loss_trainer(trainer)(model=model, args=args, train_dataset=train, processing_class=tok,
+                                      data_collator=collate, peft_config=peft_config(t, method.peft_task))
     run.head = TargetRowsHead(run.model)
     return run

@@ -1,10 +1,11 @@
 """What every training method shares around its TRL trainer: the model built as the plan
-says, resuming after a kill from the last fully saved step, the step log, and saving the
-artifact (weights or a standard PEFT adapter, metrics.jsonl) with deterministic content only.
-fit() is one process's whole run: the checkpoint stage calls it itself, or through torchrun
-in each of the plan's processes (stages/train/distributed.py)."""
+says (with the head the method's row names), resuming after a kill from the last fully saved
+step, the step log, and saving the artifact (weights or a standard PEFT adapter, metrics.jsonl)
+with deterministic content only. fit() is one process's whole run: the checkpoint stage calls it
+itself, or through torchrun in each of the plan's processes (stages/train/distributed.py)."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -14,11 +15,10 @@ from stages.model.trained import dequantized
 from stages.train.settings import apply_settings, nf4_config, training_context, training_mode
 
 COMPLETE = "mindxtrain-complete"
-METHOD_LOGS = ("rewards/margins", "rewards/accuracies", "reward", "reward_std", "accuracy", "margin")  # TRL's, per method
 SET_VALUED = ("target_modules", "exclude_modules")  # adapter_config.json fields PEFT keeps as sets
 
 
-def trainable_model(base: Path, plan: dict, head: str = "causal_lm", peft: str = "none"):
+def trainable_model(base: Path, plan: dict, head: str, peft: str):
     """The base model in the plan's dtype with the plan's settings applied; head "score" puts a
     one-output scoring head on it (a reward model), as TRL's RewardTrainer loads one; peft
     "qlora" loads the base's linear layers in 4-bit NF4 on the GPU (TRL then puts LoRA on it)."""
@@ -40,21 +40,23 @@ def trainable_model(base: Path, plan: dict, head: str = "causal_lm", peft: str =
 
 def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, resume: Path | None, log,
         run: dict) -> None:
-    """Train by the method's module (dataset, make_trainer) as the plan says, from `resume` if
-    given, and save the artifact into `out` (the first process only, when there are several)."""
+    """Train by the method (its row of stages/train/methods.py; its module's dataset and
+    make_trainer) as the plan says, from `resume` if given, and save the artifact into `out`
+    (the first process only, when there are several)."""
     from transformers import AutoTokenizer, set_seed
 
     os.environ.update(plan["env"])
     training_mode()
     set_seed(t.seed)
     tok = AutoTokenizer.from_pretrained(base)
-    model = trainable_model(base, plan, getattr(method, "HEAD", "causal_lm"), t.peft)
+    module = importlib.import_module(method.module)
+    model = trainable_model(base, plan, method.head, t.peft)
     log.info("base loaded in %s", "4-bit NF4 (bitsandbytes), bf16 compute" if getattr(model, "is_loaded_in_4bit", False)
              else plan["dtype"])
     work.mkdir(parents=True, exist_ok=True)
-    trainer = method.make_trainer(model, method.dataset(shards, tok), tok, plan, t, work)
+    trainer = module.make_trainer(method, model, module.dataset(shards, tok), tok, plan, t, work)
     train(trainer, plan, t.max_steps, resume, log, run)
-    save(trainer, tok, t.peft, out)
+    save(trainer, tok, t.peft, method.logs, out)
 
 
 def distributed_args(plan: dict) -> dict:
@@ -147,17 +149,18 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
         run["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
 
 
-def save(trainer, tok, peft: str, out: Path) -> None:
-    """metrics.jsonl (loss per step) and the weights: model/ for full training, or the
-    standard PEFT adapter/ with nothing machine-specific in it. Under FSDP every process takes
-    part in gathering the full weights; the first process alone writes, as one process would."""
+def save(trainer, tok, peft: str, logs: tuple[str, ...], out: Path) -> None:
+    """metrics.jsonl (loss per step, and the method's own figures: `logs`) and the weights:
+    model/ for full training, or the standard PEFT adapter/ with nothing machine-specific in it.
+    Under FSDP every process takes part in gathering the full weights; the first process alone
+    writes, as one process would."""
     state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
     if not trainer.is_world_process_zero():
         return
     with open(out / "metrics.jsonl", "w") as f:
         for entry in trainer.state.log_history:
             if "loss" in entry:
-                f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate") + METHOD_LOGS
+                f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate") + logs
                                     if k in entry}, sort_keys=True) + "\n")
     if peft != "none":
         trainer.model.save_pretrained(out / "adapter", state_dict=state)

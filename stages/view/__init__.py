@@ -1,1 +1,1 @@
-"""How a build is shown to people: the HTML report's rendering (the report stage's internals)."""
+"""How a build is shown to people: report.html's rendering (html: the report stage's internals)."""

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 
-from stages.serving.served import Served
+from stages.inference.served import Served
 
 
 def executable() -> str | None:

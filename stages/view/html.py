@@ -46,7 +46,7 @@ by transaction <code>{{ anchor.tx_hash }}</code>, block {{ anchor.block_number }
 <table id="dropped-rows"><tr><th>source</th><th>row</th><th>reason</th><th>duplicate of</th></tr>
 {% for d in dropped_rows %}<tr><td>{{ d.source }}</td><td class="n">{{ d.line or d.row }}</td><td>{{ d.reason }}</td><td>{{ d.duplicate_of }}</td></tr>
 {% endfor %}</table>{% endif %}
-<p>{{ sequences }} packed sequences of {{ sequence_length }} tokens, {{ tokens }} tokens, packing efficiency {{ fmt(packing) }}.</p>
+<p>{% if sequences %}{{ sequences }} packed sequences of {{ sequence_length }} tokens, {{ tokens }} tokens, packing efficiency {{ fmt(packing) }}{% else %}{{ kept.train }} training rows kept whole (not packed), {{ tokens }} tokens{% endif %}.</p>
 
 <h2>Plan</h2>
 <table id="decisions">{% for k, v in decisions %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>

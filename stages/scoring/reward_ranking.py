@@ -1,20 +1,11 @@
-"""A reward model's held-out score: how often it scores the chosen answer above the rejected
-one (chance is 0.5), and the mean score margin. lm-eval scores language models only, so a
-sequence-classification model is run here directly, one pair at a time."""
+"""A reward model's ranking of held-out pairs: how often it scores the chosen answer above the
+rejected one (chance is 0.5), and the mean score margin. lm-eval scores language models only,
+so a sequence-classification model is run here directly, one pair at a time."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from stages.data.render import render
-
-
-def is_reward_model(checkpoint: Path) -> bool:
-    """A checkpoint of the reward method: a scoring head, full weights or a SEQ_CLS adapter."""
-    if (checkpoint / "adapter").is_dir():
-        return json.loads((checkpoint / "adapter" / "adapter_config.json").read_text())["task_type"] == "SEQ_CLS"
-    return any(a.endswith("ForSequenceClassification")
-               for a in json.loads((checkpoint / "model" / "config.json").read_text())["architectures"])
 
 
 def load(checkpoint: Path | None, base: Path):

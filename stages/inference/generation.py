@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from stages.data.render import render
 from stages.model.trained import load_trained, placement
-from stages.serving.served import Served
+from stages.inference.served import Served
 
 
 @dataclass

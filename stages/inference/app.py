@@ -35,7 +35,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
-from stages.serving.model import Answer, ServedModel, Settings
+from stages.inference.generation import Answer, ServedModel, Settings
 
 # Text averages about 4 characters a token (code 3-4, Chinese 2.5; at most 6 in 5,000 real conversations
 # through Qwen3's tokenizer): at 16 only padding (long runs of one character) that fits could be refused.

@@ -1,6 +1,6 @@
-"""Verifiable rewards for GRPO, by the name a recipe gives in train.reward: each scores one
-completion against the row's reference answer, 1.0 right or 0.0 wrong. GRPO trains on them and
-the eval stage measures held-out prompts with the same function."""
+"""Verifiers: GRPO's verifiable rewards, by the name a recipe gives in train.reward: each scores
+one completion against the row's reference answer, 1.0 right or 0.0 wrong. GRPO trains on them
+and the eval stage measures held-out prompts with the same function (the prompt kind's tasks)."""
 from __future__ import annotations
 
 import re

@@ -1,0 +1,164 @@
+"""Reading data files and hub datasets into raw rows, whatever file type users bring: a local
+.jsonl/.json/.parquet/.csv file (optionally .gz), or a hub dataset pinned to a revision. JSON
+Lines are cut into blocks the shards stage's workers parse (stages/data/sources.py); a row the
+file cannot give (malformed JSON, a line over data.max_row_bytes) is a rows.BadRow with its
+reason. What a raw row means is rows.py's and the data kinds' business."""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from stages.data.rows import BadRow
+from stages.engine.errors import UserError
+
+
+def file_format(path: str) -> str:
+    name = path[:-3] if path.endswith(".gz") else path
+    for ext in ("jsonl", "json", "parquet", "csv"):
+        if name.endswith("." + ext):
+            return ext
+    raise UserError(f"{path}: unknown file type; use .jsonl, .json, .parquet or .csv (optionally .gz), "
+                    f"or set file_format in the source")
+
+
+SCAN = 1 << 20  # bytes read at a time while looking for a line's end
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """A line longer than data.max_row_bytes, skipped without being read into memory."""
+    length: int
+
+
+def rest_of_line(f, keep: int) -> tuple[bytes | None, int]:
+    """Read on to just past the next line end (or the end of the file), SCAN bytes at a time:
+    (the bytes read, or None once they pass `keep` and are no longer held; how many)."""
+    kept, n = [], 0
+    while piece := f.readline(SCAN):
+        n += len(piece)
+        if kept is not None and n <= keep:
+            kept.append(piece)
+        else:
+            kept = None
+        if piece.endswith(b"\n"):
+            break
+    return (b"".join(kept) if kept is not None else None), n
+
+
+def jsonl_blocks(path: Path, size: int, limit: int) -> Iterator[tuple[int, int] | bytes | Oversized]:
+    """A JSON Lines file in blocks of about `size` bytes, each ending at a line end, for workers
+    to parse: (offset, length) in a plain file, which a worker reads itself, or the bytes of a
+    gzipped one, decompressed here. The line a cut falls in is read on to its end; where that
+    part alone is over `limit` bytes the line is an Oversized job of its own, never held in
+    memory (shorter lines over the limit are found by the worker, in a block it holds anyway)."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            while block := f.read(size):
+                tail, n = rest_of_line(f, limit)
+                if tail is not None:
+                    yield block + tail
+                    continue
+                head = block.rfind(b"\n") + 1
+                if head:
+                    yield block[:head]
+                yield Oversized(len(block) - head + n)
+        return
+    with open(path, "rb") as f:
+        total, offset = os.fstat(f.fileno()).st_size, 0
+        while offset < total:
+            cut = min(offset + size, total)
+            f.seek(cut)
+            end = cut + rest_of_line(f, 0)[1]  # on to the end of the line the cut falls in
+            if end - cut > limit:
+                start = line_start(f, offset, cut)
+                if start > offset:
+                    yield offset, start - offset
+                yield Oversized(end - start)
+            else:
+                yield offset, end - offset
+            offset = end
+
+
+def line_start(f, lo: int, at: int) -> int:
+    """Where the line that holds byte `at` begins (not before `lo`), read backwards SCAN at a time."""
+    while at > lo:
+        n = min(SCAN, at - lo)
+        f.seek(at - n)
+        k = f.read(n).rfind(b"\n")
+        if k >= 0:
+            return at - n + k + 1
+        at -= n
+    return lo
+
+
+def jsonl_rows(block: bytes, limit: int) -> Iterator[tuple[bytes, dict | BadRow]]:
+    """(line, raw row) for each line of a block, split at universal newlines as text files are.
+    A UTF-8 byte-order mark (as Windows tools write at the start of a file) is not part of the row."""
+    for line in block.splitlines():
+        if len(line) > limit:
+            yield line, oversized(len(line))
+            continue
+        try:
+            text = line.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError as e:
+            yield line, BadRow("malformed_json", f"not UTF-8 ({e.reason} at byte {e.start + 1})")
+            continue
+        if not text.strip():
+            yield line, BadRow("blank_line", "blank line")
+            continue
+        try:
+            yield line, json.loads(text)
+        except json.JSONDecodeError as e:
+            yield line, BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
+
+
+def oversized(length: int) -> BadRow:
+    return BadRow("oversized", f"a row of at least {length:,} bytes, over data.max_row_bytes")
+
+
+def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | BadRow]]:
+    """(where, raw row) pairs of a .json, .parquet or .csv file; `where` is file:row N.
+    (JSON Lines are read in blocks by the workers: jsonl_blocks, jsonl_rows.)"""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    if fmt == "json":
+        with opener(path, "rt", encoding="utf-8-sig") as f:
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{label}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
+                                f"fix the file") from None
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise UserError(f"{label}: a .json source is a list of rows (or {{\"data\": [...]}})")
+        for i, row in enumerate(data, 1):
+            yield f"{label}:row {i}", row
+    else:
+        from datasets import load_dataset
+
+        kwargs = {}
+        if fmt == "csv":  # every cell is text as written: "4.50" stays "4.50", an empty cell ""
+            with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+                columns = next(csv.reader(f), [])
+            kwargs = {"converters": {c: str for c in columns}, "keep_default_na": False}
+        ds = load_dataset(fmt, data_files=str(path), split="train", streaming=True, **kwargs)
+        for i, row in enumerate(ds, 1):
+            yield f"{label}:row {i}", row
+
+
+def read_hub(hub: str, revision: str, subset: str | None, split: str) -> Iterator[tuple[str, dict]]:
+    """Stream a hub dataset at a pinned revision (a local dataset directory takes the same path)."""
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(hub, subset, revision=revision, split=split, streaming=True)
+    except Exception as e:  # the hub client raises many types; the user needs the one line
+        raise UserError(f"data source {hub}@{revision}: cannot load ({type(e).__name__}: {e}); "
+                        f"check the id, revision and split") from None
+    for i, row in enumerate(ds, 1):
+        yield f"{hub}@{revision}:{split}:row {i}", row

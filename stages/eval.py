@@ -1,0 +1,94 @@
+"""eval: score the base, trained and quantized models (one per scheme) on the held-out split,
+and say what each one's weights take on disk.
+
+What is measured is the recipe's method's: its row of stages/train/methods.py names the data
+kind, whose module (stages/data/kinds/) turns the held-out rows into lm-eval docs and tasks (run
+by stages/scoring/harness.py, no hub access), and the metrics eval.json reports. Chat rows: exact
+match of the greedy answer to the reference (prompt rendered with the model's chat template),
+and per-token perplexity of the reference answer and its end-of-turn token given the prompt: the
+tokens training puts loss on; text: perplexity; preference pairs: margin and preference accuracy;
+prompts: GRPO's reward. A method with a scoring head (reward) is scored on how it ranks held-out
+pairs (stages/scoring/reward_ranking.py). Scoring the base model too makes eval.json show the
+gain; scoring each quantized model beside the trained one, with its size (size_bytes: the weight
+files), shows what each scheme costs in accuracy for what it saves.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
+from stages.scoring import harness, reward_ranking
+from stages.train.methods import METHODS
+
+
+def code_modules(recipe) -> list[str]:
+    """The method's data kind's module (its held-out scoring): part of this stage's code."""
+    return [METHODS[recipe.train.method].kind_module]
+
+
+def extra_inputs(recipe, root: Path, store) -> dict:
+    return {"device": device()}
+
+
+def build(ctx, out: Path) -> None:
+    import logging
+    import os
+
+    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    settings = ctx.recipe.eval
+    method = METHODS[ctx.recipe.train.method]
+    tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
+    lines = (ctx.upstream["shards"] / "heldout" / "heldout.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines][:settings.limit]
+    base, checkpoint, quantized = ctx.upstream["base"], ctx.upstream["checkpoint"], ctx.upstream["quantized"]
+    report = {"settings": settings.model_dump(mode="json")}
+    if method.head == "score":
+        report["heldout_rows"] = len(rows)
+        for name, trained in (("base", None), ("trained", checkpoint)):
+            scores = reward_ranking.score(reward_ranking.load(trained, base), tok, rows)
+            report[name] = {m: scores[m] for m in method.metrics}
+            ctx.log.info("%s: %s", name, report[name])
+    else:
+        kind = importlib.import_module(method.kind_module)
+        context = json.loads((base / "config.json").read_text())["max_position_embeddings"]
+        docs = kind.heldout_docs(rows, tok, context)
+        if len(docs) < len(rows):
+            report["heldout_longer_than_context"] = len(rows) - len(docs)
+        configs = harness.task_configs(kind.tasks(docs, tok.eos_token, settings.max_new_tokens, ctx.recipe.train.reward),
+                                       docs)
+        report["heldout_rows"] = len(docs)
+        models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
+            (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
+            (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
+        ]
+        for scheme in sorted(d.name for d in quantized.iterdir() if d.is_dir()):
+            export = quantized / scheme
+            models.append((report.setdefault("quantized", {}), scheme,
+                           lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
+        for where, name, load, size in models:
+            ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
+            scores = kind.scores(harness.results(load(), tok, configs, settings))
+            where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
+            ctx.log.info("%s: %s", name, where[name])
+        report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in q if m != "size_bytes"}
+                                       for scheme, q in report.get("quantized", {}).items()}
+    report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"] if m != "size_bytes"}
+    (out / "eval.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+def summary(path: Path) -> list[str]:
+    """eval.json's scores and sizes, for `doit show`."""
+    report = json.loads((path / "eval.json").read_text())
+    models = [(m, report[m]) for m in ("base", "trained") if m in report]
+    models += [(f"quantized {s}", q) for s, q in report.get("quantized", {}).items()]
+    return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(
+        f"{m} " + ", ".join(f"{v:,} bytes" if k == "size_bytes" else
+                           f"{k.replace('_', ' ')} {v:{'.2f' if k == 'perplexity' else '.3f'}}"
+                           for k, v in sorted(r.items())) for m, r in models)]
