@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stages.data import rows
-from stages.data.kinds import chat, preference, prompt, text
+from stages.data.kinds import chat, preference, prompt, text, unpaired
 from stages.engine.errors import UserError
 from stages.engine.recipe import DataSection
 from stages.data.sources import SourceCount, job_records, label_of, source_jobs
@@ -67,6 +67,36 @@ def test_formats_are_detected_and_converted():
     grpo = rows.convert({"question": "2+2?", "answer": "4"}, "auto", prompt)
     assert grpo == {"prompt": [{"role": "user", "content": "2+2?"}], "reference": "4"}
     assert rows.convert({"question": "2+2?", "answer": "4"}, "auto", chat)["messages"][1]["content"] == "4"
+
+
+def test_unpaired_rows_as_trl_writes_them_and_every_bad_one_counted(tmp_path):
+    """TRL's unpaired preference rows (KTO's), standard and conversational, from JSON Lines,
+    Parquet (booleans) and CSV (the cells are text); a label that is not a boolean, an empty
+    completion, a pair, and a completion that is not one assistant turn are each counted."""
+    import pandas as pd
+
+    user, said = [{"role": "user", "content": "2+2?"}], [{"role": "assistant", "content": "4"}]
+    assert rows.convert({"prompt": "2+2?", "completion": "4", "label": True}, "auto", unpaired) == \
+        rows.convert({"prompt": user, "completion": said, "label": True}, "auto", unpaired) == \
+        {"prompt": user, "completion": said, "desirable": True}
+    pd.DataFrame([{"prompt": "2+2?", "completion": "5", "label": False}]).to_parquet(tmp_path / "a.parquet")
+    (tmp_path / "b.csv").write_text("prompt,completion,label\r\n2+2?,4,True\r\n2+2?,22,false\r\n")
+    kept, dropped, _ = collect(DataSection(sources=[{"path": "a.parquet"}, {"path": "b.csv"}]), unpaired, tmp_path)
+    assert [(r["completion"][0]["content"], r["desirable"]) for r in kept] == [("5", False), ("4", True), ("22", False)]
+    assert not dropped
+
+    good = {"prompt": "2+2?", "completion": "4", "label": True}
+    bad = [{**good, "label": 1}, {**good, "label": "yes"}, {**good, "label": None}, {"prompt": "2+2?", "completion": "4"},
+           {**good, "completion": " "}, {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+           {**good, "completion": said + said}, {**good, "prompt": user + said}]
+    kept, dropped, rows_in = read(tmp_path, {"k.jsonl": jsonl(good, *bad, {**good, "label": False})}, unpaired, "skip")
+    assert [r["desirable"] for r in kept] == [True, False]
+    assert dropped == {"invalid_label": 4, "empty_answer": 1, "wrong_format": 1, "invalid_row": 2}
+    assert rows_in["k.jsonl"] == len(kept) + sum(dropped.values())
+    with pytest.raises(UserError, match=r'^k.jsonl:2: "label" must be true or false \(desirable or not\), not 1; '):
+        read(tmp_path, {"k.jsonl": jsonl(good, bad[0])}, unpaired)
+    # a duplicate is of prompt, completion and label together: the same answer marked both ways is two rows
+    assert unpaired.lines(kept[0]) != unpaired.lines({**kept[0], "desirable": False})
 
 
 def test_a_row_of_the_wrong_kind_is_refused():
