@@ -132,7 +132,7 @@ class LoraSection(Section):
 
 
 class TrainSection(Section):
-    method: Literal["sft", "cpt", "dpo", "orpo", "grpo", "reward"] = "sft"
+    method: Literal["sft", "cpt", "dpo", "orpo", "grpo", "reward", "kto"] = "sft"
     peft: Literal["none", "lora", "qlora"] = "none"  # qlora: LoRA over the base loaded in 4-bit NF4 (CUDA)
     lora: LoraSection = LoraSection()
     lr: float = Field(1e-3, gt=0)
@@ -143,7 +143,7 @@ class TrainSection(Section):
     weight_decay: float = Field(0.0, ge=0)
     save_steps: int = Field(25, gt=0)
     seed: int = 0
-    beta: float = Field(0.1, gt=0)  # dpo: KL strength; orpo: the odds-ratio term's weight
+    beta: float = Field(0.1, gt=0)  # dpo, kto: KL strength; orpo: the odds-ratio term's weight
     reward: str = "exact_answer"  # grpo: a name in stages/train/verifiers.py's REWARDS
     num_generations: int = Field(4, gt=1)  # grpo: completions sampled per prompt
     max_completion_length: int = Field(16, gt=0)  # grpo: tokens generated per completion

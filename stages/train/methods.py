@@ -69,4 +69,7 @@ METHODS = {m.name: m for m in [
            sampled=True, logs=("reward", "reward_std")),
     Method("reward", "stages.train.reward", "preference", "trl.RewardTrainer", "trl.RewardConfig",
            ("reward_accuracy", "reward_margin"), sequences=2, head="score", logs=("accuracy", "margin")),
+    # unpaired rows: one completion per example (the KL estimate's forward runs without gradients)
+    Method("kto", "stages.train.kto", "unpaired", "trl.KTOTrainer", "trl.KTOConfig",
+           ("label_margin", "desirable_logprob", "undesirable_logprob"), logs=("kl", "rewards/margins")),
 ]}
