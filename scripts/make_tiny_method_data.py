@@ -5,6 +5,8 @@ checkable tasks as data/tiny/chat.jsonl (scripts/make_tiny_data.py), with fixed 
     data/tiny/text.jsonl        cpt: plain sentences stating task answers
     data/tiny/preference.jsonl  dpo, orpo, reward: the right answer chosen, a typical wrong one rejected
     data/tiny/prompts.jsonl     grpo: every addition of two numbers under 20, with its exact answer
+    data/tiny/unpaired.jsonl    kto: each preference pair split in two, the chosen answer labelled
+                                desirable and the rejected one undesirable, rows shuffled
 """
 import json
 import random
@@ -52,6 +54,13 @@ def main():
     sums = [(a, b) for a in range(20) for b in range(20)]
     rng.shuffle(sums)
     write("prompts.jsonl", [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in sums])
+    # TRL's unpaired preference format; shuffled (by a generator of its own, so the files above
+    # keep their bytes), since KTOTrainer reads rows in order and estimates its KL term from each
+    # row's neighbours' completions: a pair's two halves side by side would share their prompt
+    unpaired = [{"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"}
+                for p in pairs for side in ("chosen", "rejected")]
+    random.Random(40).shuffle(unpaired)
+    write("unpaired.jsonl", unpaired)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Training methods beyond SFT, each through TRL's own trainer, each shown doing what it exists
 for by the eval stage on held-out rows, base against trained: CPT lowers the text's perplexity,
-DPO widens the chosen-minus-rejected margin, and the manifest records those scores."""
+DPO widens the chosen-minus-rejected margin, KTO lifts desirable answers and sinks undesirable
+ones, and the manifest records those scores."""
 from __future__ import annotations
 
 import json
@@ -74,6 +75,45 @@ def test_reward_model_ranks_heldout_pairs_above_chance(fresh):
 
     config = AutoConfig.from_pretrained(artifact(fresh, "checkpoint", "tiny_reward") / "model")
     assert config.architectures == ["Qwen3ForSequenceClassification"] and config.num_labels == 1
+
+
+def test_kto_lifts_desirable_and_sinks_undesirable_heldout_answers(fresh):
+    """KTO on unpaired rows: held out, the desirable answers' log-probability rises, the
+    undesirable ones' falls (training that ignored the labels would raise both), and the mean
+    gap between them widens. The shards keep each row whole with its label beside it and learn
+    the completion only."""
+    import numpy as np
+    from safetensors.numpy import load_file
+    from transformers import AutoTokenizer
+
+    from stages.train import kto
+
+    evaluation = built_eval(fresh, "tiny_kto")
+    base, trained = evaluation["base"], evaluation["trained"]
+    assert trained["desirable_logprob"] > base["desirable_logprob"] + 2
+    assert trained["undesirable_logprob"] < base["undesirable_logprob"] - 2
+    assert trained["label_margin"] > base["label_margin"] + 5
+    assert evaluation["heldout_rows"] == 64
+    steps = [json.loads(line) for line in (artifact(fresh, "checkpoint", "tiny_kto") / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 60 and "kl" in steps[-1]  # TRL's KTO logs, kept per step
+
+    shards = artifact(fresh, "shards", "tiny_kto")
+    stats = json.loads((shards / "stats.json").read_text())
+    assert stats["kind"] == "unpaired" and stats["rows_in_total"] == 4000
+    t = load_file(str(shards / "train" / "shard-00000.safetensors"))
+    for a, b in zip(t["ids_offsets"], t["ids_offsets"][1:]):  # loss on one span after the prompt: the completion
+        learned = np.flatnonzero(t["ids_labels"][a:b] != -100)
+        assert learned[0] > 0 and (np.diff(learned) == 1).all()
+    # what KTOTrainer is given: every row of the data file with its own label, as the template renders it
+    tok = AutoTokenizer.from_pretrained(artifact(fresh, "base", "tiny_kto"))
+    given = kto.dataset(shards, tok)
+    assert len(given) == stats["kept"]["train"] and 0.4 < sum(given["label"]) / len(given) < 0.6
+    lines = (fresh / "data" / "tiny" / "unpaired.jsonl").read_text().splitlines()
+    written = {(r["prompt"], r["completion"], r["label"]) for r in map(json.loads, lines)}
+    head, tail, end = "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"
+    for row in given:
+        assert row["prompt"].startswith(head) and row["prompt"].endswith(tail) and row["completion"].endswith(end)
+        assert (row["prompt"][len(head): -len(tail)], row["completion"][: -len(end)], row["label"]) in written
 
 
 @pytest.mark.skipif(not HH.is_file(), reason="../shared/datasets/hh-rlhf-harmless is not on this machine")
