@@ -116,6 +116,21 @@ def test_kto_lifts_desirable_and_sinks_undesirable_heldout_answers(fresh):
         assert (row["prompt"][len(head): -len(tail)], row["completion"][: -len(end)], row["label"]) in written
 
 
+def test_kto_with_a_micro_batch_of_one_stops_in_one_line(fresh):
+    """KTO's KL term comes from the other rows of a micro-batch: with one, a line naming
+    train.micro_batch_size, not TRL's traceback, and no checkpoint stored."""
+    import yaml
+
+    recipe = yaml.safe_load((fresh / "recipes" / "tiny_kto.yaml").read_text())
+    recipe["train"].update(micro_batch_size=1, grad_accum=8)
+    (fresh / "recipes" / "tiny_kto.yaml").write_text(yaml.safe_dump(recipe))
+    run = doit(fresh, "checkpoint:tiny_kto")
+    assert run.rc != 0 and "Traceback" not in run.out
+    assert "train.method: kto estimates its KL term from the other rows of a micro-batch, and the plan's " \
+           "micro-batch is 1 row; raise train.micro_batch_size" in run.out
+    assert not list((fresh / "artifacts" / "store").glob("checkpoint/*"))
+
+
 @pytest.mark.skipif(not HH.is_file(), reason="../shared/datasets/hh-rlhf-harmless is not on this machine")
 def test_dpo_on_real_hh_rlhf_pairs(fresh):
     """The HH transcript format trained on, not only parsed: the held-out margin widens."""

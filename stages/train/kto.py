@@ -14,6 +14,7 @@ import numpy as np
 
 from stages.data import ragged
 from stages.data.packed import IGNORE
+from stages.engine.errors import UserError
 from stages.train.settings import peft_config
 from stages.train.trainer import plan_args
 
@@ -41,6 +42,10 @@ def dataset(shards: Path, tok):
 
 
 def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
+    if plan["micro_batch_size"] < 2:  # TRL raises deep in its constructor; the plan's probe may pick 1
+        raise UserError(f"train.method: kto estimates its KL term from the other rows of a micro-batch, and the plan's "
+                        f"micro-batch is {plan['micro_batch_size']} row; raise train.micro_batch_size (on a GPU, lower "
+                        f"data.max_length or use peft: lora so that two rows fit)")
     config, trainer = method.trl()
     args = config(**plan_args(plan, t, output_dir), beta=t.beta,
                   max_length=None)  # the shards stage already applied data.max_length
