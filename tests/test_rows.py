@@ -95,7 +95,7 @@ def test_unpaired_rows_as_trl_writes_them_and_every_bad_one_counted(tmp_path):
     assert rows_in["k.jsonl"] == len(kept) + sum(dropped.values())
     with pytest.raises(UserError, match=r'^k.jsonl:2: "label" must be true or false \(desirable or not\), not 1; '):
         read(tmp_path, {"k.jsonl": jsonl(good, bad[0])}, unpaired)
-    # a duplicate is of prompt, completion and label together: the same answer marked both ways is two rows
+    # an exact duplicate is of prompt, completion and label together: one answer marked both ways is not one
     assert unpaired.lines(kept[0]) != unpaired.lines({**kept[0], "desirable": False})
 
 

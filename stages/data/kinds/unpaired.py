@@ -7,8 +7,9 @@ the desirable completions minus that of the undesirable ones (label_margin), and
 
 A label must be a boolean: JSON's true/false, or the text "true"/"false" (any case) that a CSV cell
 holds; anything else (1, "yes", null) is a bad row, invalid_label. An empty completion is dropped
-as empty_answer, as an empty answer of any kind is. Exact duplicates are of prompt, completion and
-label together: the same answer marked both ways by two raters is two rows."""
+as empty_answer, as an empty answer of any kind is. An exact duplicate is of prompt, completion and
+label together: the same answer marked both ways by two raters is not one (near dedupe compares
+the words, the label's among them, and may still take a short pair of them for one)."""
 from __future__ import annotations
 
 import numpy as np
