@@ -83,12 +83,13 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from stages.train import autotune
-    from stages.train.settings import apply_settings, lora_config, sdpa_backend, step_shape, training_mode
+    from stages.train.methods import METHODS
+    from stages.train.settings import apply_settings, lora_config, sdpa_backend, training_mode
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)
     t = recipe.train
-    sequences, length = step_shape(t, recipe.data.max_length)
+    sequences, length = METHODS[t.method].step_shape(t, recipe.data.max_length)
 
     def measure(setting: dict) -> dict:
         why = slow_on_cpu(setting)
