@@ -64,9 +64,10 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
     import uvicorn
 
     from stages.inference.app import TIME_LIMIT_S, build_app
-    from stages.inference.generation import ServedModel
+    from stages.inference.generation import load
 
-    app = build_app(ServedModel(s), s.model_id, {"manifest": digest}, time_limit or TIME_LIMIT_S)
+    model = load(s)
+    app = build_app(model, s.model_id, {"manifest": digest}, time_limit or TIME_LIMIT_S)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers; limits: {app.state.limits})",
           flush=True)
@@ -82,6 +83,7 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        model.close()
     print(f"serve:{recipe_name}: stopped", flush=True)
     return None
 
@@ -141,7 +143,7 @@ PARAMS = [
     {"name": "full", "long": "full", "type": bool, "default": False,
      "help": "re-read every byte of what is served instead of trusting the stat cache"},
     {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
-     "help": "seconds one generation may hold the model before it is cut short, finish_reason length "
+     "help": "seconds from a request's arrival to its last token before it is cut short, finish_reason length "
              "(transformers engine; default 60)"},
 ]
 

@@ -10,10 +10,11 @@ Clients are hostile until bounded, so each request is, before it costs much:
 - how many at once: past MAX_IN_FLIGHT chat completions (reading, queued for the model, generating
   or streaming) a request is 429 at once, so the queue for the model stays bounded;
 - its fields: message count and parts, stop strings, integer ranges (400 naming the field);
+- its size: prompt plus completion within the context and the KV cache's tokens (400);
 - its prompt: over context × CHARS_PER_TOKEN characters is 400 before tokenizing, then over the
   context in tokens as before;
-- its generation: a client that goes away ends it (streamed or not); one that holds the model
-  for `time_limit` seconds is cut there and answered with the text so far and finish_reason
+- its generation: a client that goes away ends it (streamed or not) and frees its place in the
+  batch; one still going `time_limit` seconds after it came is cut there and answered with the text so far and finish_reason
   "length", as when max_tokens runs out (a stream can no longer change its status to an error).
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ from stages.inference.generation import Answer, ServedModel, Settings
 CHARS_PER_TOKEN = 16
 JSON_BYTES_PER_CHAR = 6  # the most a character takes in a JSON string: \uXXXX, json.dumps' default for non-ASCII
 BODY_SLACK_BYTES = 1 << 20  # the rest of a request: message wrappers, fields this server ignores (tools)
-MAX_IN_FLIGHT = 256  # one answer is generated at a time: a longer queue only waits past clients' timeouts
+MAX_IN_FLIGHT = 256  # answers the batch holds or queues at once: a longer queue only waits past clients' timeouts
 MAX_MESSAGES = 2048  # more turns than a conversation has; each is validated and templated before the token check
 MAX_CONTENT_PARTS = 64  # text parts of one message: clients send one or a few
 MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
@@ -52,7 +53,7 @@ MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
 MAX_STOP_CHARS = 64
 MAX_TOKENS = 2**31 - 1  # max_tokens: a 32-bit count, beyond any context; past the context it is 400 as well
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # OpenAI's seed is a 64-bit integer; torch.manual_seed takes it
-TIME_LIMIT_S = 60.0  # one generation holds the model from all queued: a minute is thousands of GPU tokens
+TIME_LIMIT_S = 60.0  # one generation's wall time, queued and decoding: a minute is thousands of GPU tokens
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
@@ -174,14 +175,15 @@ class Bounded:
 def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
               time_limit: float = TIME_LIMIT_S) -> FastAPI:
     """The app serving `model` as `model_id`; extra_card adds fields to its /v1/models entry;
-    a generation stops after holding the model `time_limit` seconds. app.state.limits says the bounds."""
+    a generation stops `time_limit` seconds after its request came. app.state.limits says the bounds."""
     app = FastAPI(title=f"mindxtrain: {model_id}")
     max_chars = model.context_length * CHARS_PER_TOKEN
     body_bytes = max_chars * JSON_BYTES_PER_CHAR + BODY_SLACK_BYTES
     app.add_middleware(Bounded, body_bytes=body_bytes, in_flight=MAX_IN_FLIGHT)
     app.state.limits = (f"body {body_bytes / 2**20:.1f} MiB, prompt {max_chars} characters and "
                         f"{model.context_length} tokens, {MAX_MESSAGES} messages, {MAX_STOPS} stops of "
-                        f"{MAX_STOP_CHARS} characters, {MAX_IN_FLIGHT} requests at once, {time_limit:g} s a generation")
+                        f"{MAX_STOP_CHARS} characters, {MAX_IN_FLIGHT} requests at once, {time_limit:g} s a generation, "
+                        f"KV cache {model.kv_tokens} tokens shared by the batch")
     created = int(time.time())
     card = {"id": model_id, "object": "model", "created": created, "owned_by": "mindxtrain",
             "max_model_len": model.context_length, **(extra_card or {})}

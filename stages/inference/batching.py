@@ -1,0 +1,210 @@
+"""The generation engine: generations on a loaded model go through one continuous batch,
+transformers' ContinuousBatchingManager (a paged KV cache of a stated token budget; requests join
+and leave the batch between decode steps; on CUDA its decode step replayed as a CUDA graph). It is
+transformers' engine, configured here, not one written here.
+
+One batch holds greedy and sampled requests side by side: every request states its temperature,
+top_p and top_k, and a greedy one (temperature 0) is sampled with top_k 1, which is the argmax.
+What a request cannot have of its own is a random generator: sampled requests share the batch's,
+so a seed makes no sampled answer repeatable (greedy ones are, and equal the sequential path's).
+
+Stop strings, deadlines and cancellation are the caller's side of the batch: `tokens` watches the
+text as it grows and cancels the request in the manager, which frees its KV pages at the next step.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+PAGE_TOKENS = 256  # tokens a KV page holds (transformers' default page size)
+CUDA_KV_SHARE = 0.6  # of the GPU memory free after loading: the rest is the batch's activations and logits
+CPU_KV_SHARE = 0.1  # of the RAM available: the CPU is a fallback, its batches are small
+MAX_BATCH_TOKENS = {"cuda": 2048, "cpu": 256}  # tokens one step computes: prefill chunks, or decodes of many requests
+POLL_S = 0.1  # how often a waiting caller checks its cancel event, its deadline and the batch's thread
+KV_CONTEXTS = 64  # the cache never holds more than this many whole contexts: beyond, memory buys nothing
+
+
+@dataclass
+class Sampling:
+    """One request's decoding: temperature 0 is greedy."""
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    deadline: float = math.inf  # time.monotonic() at which the request ends as if out of tokens
+
+
+@dataclass
+class Generated:
+    ids: list[int]  # the new tokens, up to (not including) a stop string's
+    finish: str  # "stop" (end of turn or a stop string) or "length" (max_new_tokens or the deadline)
+    text: str  # the new tokens' text, cut before a stop string
+
+
+def kv_bytes_per_token(config) -> int:
+    """Bytes one token of context takes in the KV cache: keys and values of every layer."""
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * 2  # bf16/fp16 cache: 2 bytes an element
+
+
+def kv_budget_tokens(model) -> int:
+    """The KV cache's size in tokens, whole pages: a share of the memory free once the model is loaded."""
+    import torch
+
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        share = free * CUDA_KV_SHARE
+    else:
+        import psutil
+
+        share = psutil.virtual_memory().available * CPU_KV_SHARE
+    tokens = min(int(share // kv_bytes_per_token(model.config)),
+                 KV_CONTEXTS * model.config.get_text_config().max_position_embeddings)
+    return max(PAGE_TOKENS, tokens // PAGE_TOKENS * PAGE_TOKENS)
+
+
+def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """The text up to the first stop string (which OpenAI's API leaves out), and whether one occurred."""
+    at = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return (text[:at], True) if at >= 0 else (text, False)
+
+
+class Engine:
+    """A running continuous batch over `model` (eval mode, loaded on its device). `tokens` streams
+    one request; `generate` runs many and returns when all are done. `options` are further fields
+    of transformers' ContinuousBatchingConfig (bench/generation_speed.py tries them). Its compile
+    levels above 0 fail here (torch 2.11, transformers 5.23: inductor cannot generate the top-p
+    sampler's cumsum), so the decode step runs eagerly or as a CUDA graph."""
+
+    def __init__(self, model, tok, eos_ids: set[int], kv_tokens: int | None = None, options: dict | None = None):
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        self.tok, self.eos_ids = tok, set(eos_ids)
+        self.kv_tokens = kv_tokens or kv_budget_tokens(model)
+        device = model.device.type
+        # The manager makes a logits processor only for a setting that differs from the no-op default,
+        # and then takes each request's own value: these defaults are placeholders every request overrides.
+        self.vocab = model.config.get_text_config().vocab_size
+        config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=self.vocab,
+                                  eos_token_id=sorted(self.eos_ids), pad_token_id=tok.pad_token_id)
+        # On CUDA the decode step is a CUDA graph. Async batching (the next batch prepared while one
+        # runs) was 8-17% faster at 32-128 requests on an H200 but its loop died on a request's
+        # missing block table mid-run (transformers 5.23), taking every request with it: off.
+        cuda = device == "cuda"
+        batching = ContinuousBatchingConfig(**{
+            "page_size": PAGE_TOKENS, "num_blocks": self.kv_tokens // PAGE_TOKENS, "per_request_processors": True,
+            "max_batch_tokens": MAX_BATCH_TOKENS["cuda" if cuda else "cpu"], "use_cuda_graph": cuda,
+            "use_async_batching": False, **(options or {})})
+        self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=batching)
+        self.manager.start()
+        self.waiting: dict[str, queue.Queue] = {}
+        self.lock, self.count, self.running = threading.Lock(), 0, True
+        self.router = threading.Thread(target=self._route, daemon=True, name="generation-router")
+        self.router.start()
+
+    def close(self) -> None:
+        self.running = False
+        self.manager.stop(block=True)
+        self.router.join()
+
+    def _route(self) -> None:
+        """Hands each output the manager produces to the caller waiting for its request."""
+        while self.running:
+            out = self.manager.get_result(timeout=POLL_S)
+            if out is not None:
+                with self.lock:
+                    waiting = self.waiting.get(out.request_id)
+                if waiting is not None:
+                    waiting.put(out)
+
+    def _submit(self, ids: list[int], s: Sampling, streaming: bool) -> tuple[str, queue.Queue]:
+        if len(ids) + s.max_new_tokens > self.kv_tokens:
+            raise ValueError(f"{len(ids)} prompt and {s.max_new_tokens} new tokens are more than the "
+                             f"{self.kv_tokens} tokens of KV cache this engine holds")
+        with self.lock:
+            self.count += 1
+            rid, waiting = f"r{self.count}", queue.Queue()
+            self.waiting[rid] = waiting
+        greedy = s.temperature <= 0
+        taken = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=s.max_new_tokens, streaming=streaming,
+                                 temperature=1.0 if greedy else float(s.temperature),
+                                 top_p=1.0 if greedy else float(s.top_p), top_k=1 if greedy else self.vocab)
+        if taken is None:  # the manager refuses requests once its thread has stopped
+            self._finish(rid, cancel=False)
+            raise RuntimeError("the generation engine has stopped (its log says why)")
+        return rid, waiting
+
+    def _next(self, waiting: queue.Queue):
+        """The request's next output, None after POLL_S without one; an error once the batch's thread
+        has died (its requests would never end)."""
+        try:
+            return waiting.get(timeout=POLL_S)
+        except queue.Empty:
+            if not self.manager.is_running():
+                raise RuntimeError("the generation engine has stopped (its log says why)") from None
+            return None
+
+    def _finish(self, rid: str, cancel: bool) -> None:
+        if cancel:
+            self.manager.cancel_request(rid)
+        with self.lock:
+            self.waiting.pop(rid, None)
+
+    def tokens(self, ids: list[int], s: Sampling, cancel: threading.Event | None = None):
+        """Yields the text of the answer so far each time it grows (held back where it could be the
+        start of a stop string), then the Generated answer. Ends early, and frees the request's
+        pages, when `cancel` is set or the deadline passes."""
+        rid, waiting = self._submit(ids, s, streaming=True)
+        new: list[int] = []
+        done = False
+        try:
+            while True:
+                if (cancel is not None and cancel.is_set()) or time.monotonic() >= s.deadline:
+                    break
+                out = self._next(waiting)
+                if out is None:
+                    continue
+                if out.error:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                new = list(out.generated_tokens)
+                text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
+                if stopped or out.is_finished():
+                    done = out.is_finished()
+                    yield self._answer(new, text, stopped, s)
+                    return
+                yield text
+            text = self.tok.decode(new, skip_special_tokens=True)
+            yield Generated(new, "length", cut_at_stop(text, s.stop)[0])
+        finally:
+            self._finish(rid, cancel=not done)
+
+    def _answer(self, new: list[int], text: str, stopped: bool, s: Sampling) -> Generated:
+        """A finished request ended at a stop string, at the end of its turn (an end token, which
+        the manager may or may not keep in its tokens), or out of tokens."""
+        ended = bool(new) and (new[-1] in self.eos_ids or len(new) < s.max_new_tokens)
+        return Generated(new, "stop" if stopped or ended else "length", text)
+
+    def generate(self, prompts: list[list[int]], s: Sampling) -> list[Generated]:
+        """Every prompt's answer, all in the batch at once (the batch admits what its KV cache holds
+        and the rest as pages free)."""
+        submitted = [self._submit(ids, s, streaming=False) for ids in prompts]
+        answers = []
+        try:
+            for rid, waiting in submitted:
+                out = None
+                while out is None:
+                    out = self._next(waiting)
+                if out.error:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                new = list(out.generated_tokens)
+                text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
+                answers.append(self._answer(new, text, stopped, s))
+        finally:
+            for rid, _ in submitted:
+                self._finish(rid, cancel=False)
+        return answers

@@ -1,0 +1,102 @@
+"""The generation engine (stages/inference/batching.py) on a small random Qwen3 in fp32 on the CPU:
+greedy answers equal transformers' generate one at a time, concurrent requests share decode
+steps, a stop string, a cancel and a deadline end a request, and a request past the KV cache
+is refused before it is queued."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from stages.inference.batching import Engine, Generated, Sampling
+
+
+@pytest.fixture(scope="module")
+def model_and_tok():
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from stages.model.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), tok
+
+
+@pytest.fixture(scope="module")
+def engine(model_and_tok):
+    model, tok = model_and_tok
+    e = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
+    yield e
+    e.close()
+
+
+PROMPTS = ["What is 12 + 30?", "Name a colour.", "Say hello " * 5, "x"]
+
+
+def sequential(model, tok, text: str, n: int) -> list[int]:
+    import torch
+
+    ids = torch.tensor([tok(text)["input_ids"]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_greedy_answers_equal_generate_one_at_a_time(engine, model_and_tok):
+    model, tok = model_and_tok
+    answers = engine.generate([tok(p)["input_ids"] for p in PROMPTS], Sampling(max_new_tokens=24))
+    assert [a.ids for a in answers] == [sequential(model, tok, p, 24) for p in PROMPTS]
+    assert [a.finish for a in answers] == ["stop" if a.ids[-1] == tok.eos_token_id else "length" for a in answers]
+
+
+def test_concurrent_streams_share_decode_steps(engine, model_and_tok):
+    """Four streams at once are decoded together: each one's first tokens come before any of
+    them ends (one after another, the last would start only when the third ended)."""
+    _, tok = model_and_tok
+    spans = {}
+
+    def stream(i, text):
+        first, pieces = None, []
+        for piece in engine.tokens(tok(text)["input_ids"], Sampling(max_new_tokens=64, stop=["never said"])):
+            first = first or time.monotonic()
+            pieces.append(piece)
+        spans[i] = (first, time.monotonic(), pieces[-1])
+
+    threads = [threading.Thread(target=stream, args=(i, p)) for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(s[2], Generated) and s[2].ids for s in spans.values())
+    assert max(s[0] for s in spans.values()) < min(s[1] for s in spans.values())
+
+
+def test_stop_string_cancel_and_deadline_end_a_request(engine, model_and_tok):
+    _, tok = model_and_tok
+    ids = tok(PROMPTS[0])["input_ids"]
+    whole = engine.generate([ids], Sampling(max_new_tokens=40))[0]
+    stop = whole.text[5:7]
+    cut = engine.generate([ids], Sampling(max_new_tokens=40, stop=[stop]))[0]
+    assert cut.finish == "stop" and cut.text == whole.text[:whole.text.find(stop)]
+
+    cancel = threading.Event()
+    stream = engine.tokens(ids, Sampling(max_new_tokens=400), cancel)
+    next(stream)
+    cancel.set()
+    last = list(stream)[-1]
+    assert isinstance(last, Generated) and last.finish == "length" and len(last.ids) < 400
+
+    late = list(engine.tokens(ids, Sampling(max_new_tokens=400, deadline=time.monotonic())))[-1]
+    assert late.finish == "length" and len(late.ids) < 400
+
+
+def test_a_request_past_the_kv_cache_is_refused(engine, model_and_tok):
+    _, tok = model_and_tok
+    with pytest.raises(ValueError, match="4096 tokens of KV cache"):
+        engine.generate([tok("hi")["input_ids"]], Sampling(max_new_tokens=5000))
+    assert engine.generate([tok("hi")["input_ids"]], Sampling(max_new_tokens=4))[0].ids  # and it goes on
