@@ -129,3 +129,17 @@ def test_pipeline_report_reads_a_built_recipe(warm, tmp_path):
     assert list(r["stage_seconds"]) == ["base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"]
     assert set(r["train"]) == {"steps", "tokens", "train_runtime_s", "tokens_per_s", "model_tflops", "mfu_datasheet",
                                "mfu_measured_peak", "measured_matmul_peak_tflops", "peak_gpu_memory_gib"}
+
+
+def test_generation_speed_serves_through_the_engine(tmp_path):
+    """As generation_speed_h200_2026-11-26_run3.json (less the GPU's bandwidth bound): the peer and
+    the served engine, one stream, concurrent clients through the OpenAI client, greedy equality."""
+    bench("generation_speed", "--tiny", "--out", tmp_path / "gen.json")
+    r = fields(tmp_path / "gen.json")
+    real = fields(REPO / "bench" / "results" / "generation_speed_h200_2026-11-26_run3.json")
+    assert set(r) == set(real)
+    one = next(iter(r["by_new_tokens"].values()))
+    assert set(real["by_new_tokens"]["128"]) - set(one) == {"bandwidth_bound_tokens_per_s", "single_stream_share_of_bound"}
+    for level in one["concurrent"].values():
+        assert set(level) == set(real["by_new_tokens"]["128"]["concurrent"]["32"])
+    assert r["greedy_equal"]["identical"] == r["greedy_equal"]["prompts"]  # fp32 on the CPU: token for token

@@ -1,0 +1,279 @@
+"""Generation speed: doit serve's engine (stages/inference/: transformers' continuous batching,
+paged KV cache, CUDA graphs) beside transformers' `generate` one request at a time (what the
+server did before), on Qwen3-8B's shape in bf16 with random weights (seeded), prompts of real
+text (MT-Bench's and GSM8K's questions through Qwen3's chat template and tokenizer, their own
+lengths), greedy, 128 and 512 new tokens.
+
+Measured in one process on the GPU it reports:
+- the device-to-device copy bandwidth (bytes read + written per second) and the bound it sets:
+  weight bytes (+ the KV bytes of the context) read per decode step over that bandwidth;
+- single stream: one request at a time through the OpenAI client against the served app;
+- concurrent 8, 32, 128: that many clients at once through the OpenAI client, streaming, with
+  each answer's time to first token (p50, p99) and the aggregate tokens/s;
+- greedy equality: the engine's tokens against `generate`'s for the same prompts.
+The served app is stages/inference/app.py over stages/inference/generation.py's ServedModel, as
+`doit serve` runs them, minus the manifest gate (there is no 8B build to gate here).
+
+    python -m bench.generation_speed --out bench/results/generation_speed_h100_<date>.json
+    python -m bench.generation_speed --tiny   # a CPU smoke run of the same code
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench import tiny
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                tie_word_embeddings=False)
+
+
+def real_questions(shared: Path, count: int) -> list[str]:
+    """User questions as people wrote them: MT-Bench's first turns, then GSM8K's test questions."""
+    questions = []
+    mt = shared / "datasets" / "mt-bench" / "question.jsonl"
+    gsm = shared / "datasets" / "gsm8k" / "test.jsonl"
+    for line in mt.read_text().splitlines():
+        questions.append(json.loads(line)["turns"][0])
+    for line in gsm.read_text().splitlines():
+        questions.append(json.loads(line)["question"])
+    return questions[:count]
+
+
+def tiny_questions(count: int) -> list[str]:
+    return [json.loads(line)["messages"][0]["content"] for line in tiny.CHAT.read_text().splitlines()[:count]]
+
+
+def copy_bandwidth(torch, device: str) -> float:
+    """Bytes read plus written per second by a device-to-device copy of 4 GiB (median of 5)."""
+    n = 1 << 31
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    del a, b
+    return 2 * n / statistics.median(times[1:])
+
+
+def make_model(shape: dict, device: str, dtype: str, tokenizer_dir: Path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    config = Qwen3Config(**shape, eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None, dtype=dtype)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id, do_sample=False)
+    return model, tok
+
+
+def sequential(model, prompts: list[list[int]], new_tokens: int, forced: bool = True) -> tuple[float, list[list[int]]]:
+    """transformers' generate, one prompt at a time (dynamic cache, greedy): tokens/s and the tokens
+    (`forced`: all new_tokens of them, an end token suppressed, as a speed measurement wants)."""
+    import torch
+
+    outs, tokens, start = [], 0, time.perf_counter()
+    for ids in prompts:
+        x = torch.tensor([ids], device=model.device)
+        with torch.no_grad():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens if forced else 0,
+                                 do_sample=False)
+        outs.append(out[0, len(ids):].tolist())
+        tokens += len(outs[-1])
+    return tokens / (time.perf_counter() - start), outs
+
+
+def served_prompt(tok, question: str) -> list[int]:
+    """The prompt the served app makes of one user question (stages/data/render.py's rendering)."""
+    from stages.data.render import render
+
+    return tok(render(tok, [{"role": "user", "content": question}], generation_prompt=True))["input_ids"]
+
+
+class Served:
+    """The served app on a free local port, in a thread, and an OpenAI client for it."""
+
+    def __init__(self, served, model_id: str):
+        import uvicorn
+        from openai import DefaultHttpxClient, OpenAI
+
+        from stages.inference.app import build_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(build_app(served, model_id), host="127.0.0.1", port=port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        self.client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=3600,
+                             http_client=DefaultHttpxClient(trust_env=False))  # localhost: no proxy
+        self.model_id = model_id
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join()
+
+    def one(self, question: str, new_tokens: int) -> dict:
+        """One streamed greedy request: its time to first token and completion tokens."""
+        messages = [{"role": "user", "content": question}]
+        start, first, tokens = time.perf_counter(), None, 0
+        stream = self.client.chat.completions.create(model=self.model_id, messages=messages, max_tokens=new_tokens,
+                                                     temperature=0, stream=True, stream_options={"include_usage": True})
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - start
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        return {"ttft": first if first is not None else time.perf_counter() - start, "tokens": tokens}
+
+
+def concurrent(served: Served, questions: list[str], clients: int, new_tokens: int) -> dict:
+    """`clients` requests at once, each a different question: aggregate tokens/s, TTFT p50/p99."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda q: served.one(q, new_tokens), questions[:clients]))
+    wall = time.perf_counter() - start
+    ttft = sorted(r["ttft"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {"tokens_per_s": tokens / wall, "completion_tokens": tokens, "seconds": wall,
+            "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]}
+
+
+def run(args, result: dict, save) -> None:
+    """Measures into `result`, calling save() after each measurement so a cut-off run keeps what it had."""
+    import torch
+
+    importlib.import_module("stages.inference.app")  # a serving stack that cannot import fails before the long work
+    from stages.inference.generation import ServedModel
+
+    if args.tiny:
+        device, dtype, shape = "cpu", "float32", {**tiny.SHAPE, "max_position_embeddings": 1024}
+        import tempfile
+
+        tok_dir = tiny.tokenizer_dir(Path(tempfile.mkdtemp()))
+        levels, lengths, count = [2, 4], [16], 8
+    else:
+        device, dtype, shape = "cuda", "bfloat16", QWEN3_8B
+        tok_dir, levels, lengths, count = args.shared / "tokenizers" / "qwen3", [8, 32, 128], args.new_tokens, 128
+    result.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                  model="tiny" if args.tiny else "qwen3_8b_shape", dtype=dtype, torch=torch.__version__)
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    bandwidth = copy_bandwidth(torch, device) if device == "cuda" else None
+    t = time.perf_counter()
+    model, tok = make_model(shape, device, dtype, tok_dir)
+    result["init_seconds"] = time.perf_counter() - t
+    questions = tiny_questions(count) if args.tiny else real_questions(args.shared, count)
+    prompts = [served_prompt(tok, q) for q in questions]
+    lens = sorted(map(len, prompts))
+    result["prompt_tokens"] = {"count": len(lens), "min": lens[0], "median": lens[len(lens) // 2], "max": lens[-1]}
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    result["weight_bytes"] = weight_bytes
+    from stages.inference.batching import kv_bytes_per_token
+
+    kv_token = kv_bytes_per_token(model.config)
+    for new_tokens in lengths:
+        key = str(new_tokens)
+        r = result.setdefault("by_new_tokens", {}).setdefault(key, {})
+        context = result["prompt_tokens"]["median"] + new_tokens // 2  # the mean context while decoding
+        if bandwidth:
+            r["bandwidth_bound_tokens_per_s"] = bandwidth / (weight_bytes + kv_token * context)
+        peer_prompts = prompts[:2 if args.tiny or new_tokens > 128 else 4]
+        sequential(model, peer_prompts[:1], 8)  # warm-up
+        r["peer_generate_one_at_a_time_tokens_per_s"], _ = sequential(model, peer_prompts, new_tokens)
+        save()
+    t = time.perf_counter()
+    options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
+    served_model = ServedModel(model, tok, options=options)
+    result["engine_options"] = options
+    result["engine_init_seconds"] = time.perf_counter() - t
+    try:
+        served = Served(served_model, "bench")
+        try:
+            serve_measures(args, result, save, served, served_model, model, questions, prompts, levels, lengths)
+        finally:
+            served.close()
+    finally:
+        served_model.close()
+
+
+def serve_measures(args, result, save, served, served_model, model, questions, prompts, levels, lengths):
+    t = time.perf_counter()
+    served.one(questions[0], 8)  # warm-up: the CUDA graphs are captured on first use
+    result["first_request_seconds"] = time.perf_counter() - t
+    result["kv_cache_tokens"] = served_model.kv_tokens
+    for new_tokens in lengths:
+        r = result["by_new_tokens"][str(new_tokens)]
+        start = time.perf_counter()
+        singles = [served.one(q, new_tokens) for q in questions[:3]]
+        r["single_stream_tokens_per_s"] = sum(x["tokens"] for x in singles) / (time.perf_counter() - start)
+        r["single_stream_ttft_s"] = statistics.median(s["ttft"] for s in singles)
+        if "bandwidth_bound_tokens_per_s" in r:
+            r["single_stream_share_of_bound"] = r["single_stream_tokens_per_s"] / r["bandwidth_bound_tokens_per_s"]
+        r["concurrent"] = {str(n): concurrent(served, questions * (1 + n // len(questions)), n, new_tokens)
+                           for n in levels}
+        for n, c in r["concurrent"].items():
+            c["x_peer_one_at_a_time"] = c["tokens_per_s"] / r["peer_generate_one_at_a_time_tokens_per_s"]
+        save()
+    # greedy equality: the engine's tokens for the peer's prompts beside generate's
+    from stages.inference.batching import Sampling
+
+    new_tokens = lengths[0]
+    same_prompts = prompts[:2 if args.tiny else 4]
+    answers = served_model.engine.generate(same_prompts, Sampling(max_new_tokens=new_tokens))
+    _, seq_out = sequential(model, same_prompts, new_tokens, forced=False)
+    prefix = []
+    for a, b in zip(answers, seq_out):
+        same = next((i for i, (x, y) in enumerate(zip(a.ids, b)) if x != y), min(len(a.ids), len(b)))
+        prefix.append(same)
+    result["greedy_equal"] = {"prompts": len(prefix), "identical": sum(p == new_tokens for p in prefix),
+                              "common_prefix_tokens": prefix, "new_tokens": new_tokens}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="a CPU smoke run on the tiny shape (measures nothing)")
+    ap.add_argument("--shared", type=Path, default=SHARED,
+                    help="where tokenizers/qwen3 and datasets/{mt-bench,gsm8k} are (default ../shared)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512], help="completion lengths measured")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
+                    help="a field of transformers' ContinuousBatchingConfig for the engine, e.g. use_async_batching=true")
+    args = ap.parse_args()
+    out = args.out or (tiny.results_path("generation_speed") if args.tiny else
+                       REPO / "bench" / "results" / f"generation_speed_{time.strftime('%Y-%m-%d')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+
+    def save():
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result), flush=True)
+
+    run(args, result, save)
+    save()
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
