@@ -34,7 +34,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
-    deadline: float = math.inf  # time.monotonic() at which the request ends as if out of tokens
+    deadline: float = math.inf  # time.monotonic() after which the request ends (once it has a token) as if out of tokens
 
 
 @dataclass
@@ -164,8 +164,8 @@ class Engine:
         done = False
         try:
             while True:
-                if (cancel is not None and cancel.is_set()) or time.monotonic() >= s.deadline:
-                    break
+                if (cancel is not None and cancel.is_set()) or (new and time.monotonic() >= s.deadline):
+                    break  # past its deadline a request still gets its first token: an answer, however short
                 out = self._next(waiting)
                 if out is None:
                     continue
@@ -192,9 +192,10 @@ class Engine:
     def generate(self, prompts: list[list[int]], s: Sampling) -> list[Generated]:
         """Every prompt's answer, all in the batch at once (the batch admits what its KV cache holds
         and the rest as pages free)."""
-        submitted = [self._submit(ids, s, streaming=False) for ids in prompts]
-        answers = []
+        submitted, answers = [], []
         try:
+            for ids in prompts:
+                submitted.append(self._submit(ids, s, streaming=False))
             for rid, waiting in submitted:
                 out = None
                 while out is None:
@@ -204,7 +205,7 @@ class Engine:
                 new = list(out.generated_tokens)
                 text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
                 answers.append(self._answer(new, text, stopped, s))
-        finally:
-            for rid, _ in submitted:
-                self._finish(rid, cancel=False)
+        finally:  # what has not answered (a refused or failed request stops the rest) leaves the batch
+            for i, (rid, _) in enumerate(submitted):
+                self._finish(rid, cancel=i >= len(answers))
         return answers
