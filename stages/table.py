@@ -48,7 +48,7 @@ STAGES = {s.name: s for s in [
           "eval.json from lm-eval: base, trained and each quantized model scored and sized"),
     Stage("manifest", "stages.manifest", RECEIPT_SECTIONS,
           {s: ("*",) for s in ("base", "plan", "shards", "checkpoint", "quantized", "eval")},
-          RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything"),
+          RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything", records_keys=True),
     Stage("anchor", "stages.anchor", ("anchor.registry", "anchor.chain_id"), {"manifest": ("manifest.json",)}, (),
           "anchor.json: the manifest's digest anchored in a write-once registry on a chain",
           settings=("anchor.rpc_url", "anchor.keystore", "anchor.uri")),

@@ -37,7 +37,8 @@ def forge(project, edit, rekey: bool = False) -> None:
     meta["digest"] = merkle(meta["files"])
     if rekey:
         meta["inputs"] = {"stage": "manifest", "code": manifest["code"], "params": manifest["recipe"],
-                          "upstream": manifest["upstream"], "env": manifest["versions"]}
+                          "upstream": manifest["upstream"], "env": manifest["versions"],
+                          "upstream_keys": {up: a["key"] for up, a in manifest["artifacts"].items()}}
         key = key_of(meta["inputs"])
         os.replace(obj, obj.with_name(key))
         sidecar.unlink()
@@ -108,3 +109,19 @@ def test_a_receipt_made_by_other_code_is_checked_and_says_it_was_not_re_derived(
         "verify: tiny: intact (stat cache)",
         "verify: tiny: manifest: made by other code than this checkout's stages/manifest.py: its fields were not "
         "re-derived (doit manifest:tiny rebuilds it)"], run.out
+
+
+def test_an_upstream_rebuilt_to_the_same_bytes_under_a_new_key_makes_a_new_receipt(warm):
+    """Early cutoff keeps what reads only bytes, but the receipt records each artifact's key and
+    the code that made it: new code in the quantized stage that writes the same export leaves eval
+    cached and makes a manifest that names the new key, not one that still names the old."""
+    module = warm / "stages" / "quantized.py"
+    module.write_text(module.read_text() + "\n# the same exports, by code of another hash\n")
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0, run.out[-2000:]
+    assert run.stages_ran("tiny") == {"quantized", "manifest"}, run.out[-2000:]
+    art = warm / "artifacts" / "tiny"
+    recorded = json.loads((art / "latest" / "manifest" / "manifest.json").read_text())["artifacts"]
+    assert recorded["quantized"]["key"] == json.loads((art / "quantized.json").read_text())["key"]
+    run = doit(warm, "verify:tiny", "--full")
+    assert run.rc == 0 and verify_lines(run) == ["verify: tiny: intact (every byte re-read)"], run.out[-2000:]

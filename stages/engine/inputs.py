@@ -117,13 +117,16 @@ def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Re
     input is missing."""
     full = full or recipe(recipe_name)
     r, mod = recipe_view(full, stage.params, stage.name), module(stage)
+    artifacts = artifacts if artifacts is not None else upstream_artifacts(recipe_name, stage, table)
     inputs = {
         "stage": stage.name,
         "code": code_files([stage.module, *(mod.code_modules(r) if hasattr(mod, "code_modules") else [])]),
         "params": {p: keys.recipe_slice(full, p) for p in stage.params},
-        **upstream_digests(stage, artifacts if artifacts is not None else upstream_artifacts(recipe_name, stage, table)),
+        **upstream_digests(stage, artifacts),
         "env": versions(stage.packages),
     }
+    if stage.records_keys:
+        inputs["upstream_keys"] = {up: artifacts[up]["key"] for up in stage.upstream}
     if hasattr(mod, "extra_inputs"):  # e.g. data files, device facts
         inputs["extra"] = mod.extra_inputs(r, root(), store())
     if stage.runs:  # measurements are not content, but a stage that shows them depends on them

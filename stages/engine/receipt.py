@@ -49,13 +49,16 @@ def at(value, dotted: str):
     return value
 
 
-FIELDS = {"params": "recipe", "env": "version of", "code": "code", "upstream": "upstream", "extra": "input"}
+FIELDS = {"params": "recipe", "env": "version of", "code": "code", "upstream": "upstream", "extra": "input",
+          "upstream_keys": "key of"}
 
 
 def own_inputs(manifest: dict) -> dict:
-    """The manifest's key inputs, which its fields record."""
+    """The manifest's key inputs, which its fields record (the upstream keys: its artifacts')."""
+    artifacts = manifest.get("artifacts") if isinstance(manifest.get("artifacts"), dict) else {}
     return {"stage": "manifest", "code": manifest.get("code"), "params": manifest.get("recipe"),
-            "upstream": manifest.get("upstream"), "env": manifest.get("versions")}
+            "upstream": manifest.get("upstream"), "env": manifest.get("versions"),
+            "upstream_keys": {up: a.get("key") if isinstance(a, dict) else None for up, a in artifacts.items()}}
 
 
 def key_problem(what: str, key: str, inputs: dict, stored: dict | None) -> str | None:

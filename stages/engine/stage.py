@@ -31,6 +31,10 @@ class Stage:
     # each: the key says which are absent, and nothing waits on them or builds them (the report
     # shows the manifest's anchor where there is one; anchoring needs a chain, reporting does not)
     optional: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # its build records each upstream's key (the receipt does): the keys are part of its key, so
+    # an upstream rebuilt to the same bytes under a new key (new code, same output) makes a new
+    # record rather than leaving the old keys in it
+    records_keys: bool = False
 
 
 def module(stage: Stage):
