@@ -45,7 +45,7 @@ def extra_inputs(recipe, root: Path, store) -> dict:
 def build(ctx, out: Path) -> None:
     m = ctx.recipe.model
     if m.config is not None:
-        ctx.log.info("building a Qwen3 model from config (seed %d)", m.config.seed)
+        ctx.log.debug("building a Qwen3 model from config (seed %d)", m.config.seed)
         build_from_config(m.config, out, ctx.root)
     elif m.path is not None:
         ctx.log.info("copying local model %s", m.path)

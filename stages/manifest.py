@@ -37,4 +37,4 @@ def build(ctx, out: Path) -> None:
                       for d in sorted(ctx.upstream["quantized"].iterdir()) if d.is_dir()},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("manifest of %d artifacts", len(artifacts))
+    ctx.log.debug("manifest of %d artifacts", len(artifacts))

@@ -56,4 +56,4 @@ def build(ctx, out: Path) -> None:
             "digest": ctx.artifacts["manifest"]["digest"], "seconds": runs["manifest"].get("seconds")}],
     )
     (out / "report.html").write_text(html)
-    ctx.log.info("report.html: %d bytes", len(html))
+    ctx.log.debug("report.html: %d bytes", len(html))

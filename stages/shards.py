@@ -77,7 +77,7 @@ def build(ctx, out: Path) -> None:
     for src in data.sources:
         part, reused = ctx.cached("source", part_inputs(ctx, src, method.kind),
                                   lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
-        ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
+        ctx.log.debug("%s: %s", label_of(src), "prepared rows reused from the store" if reused
                      else "read, cleaned and tokenized")
         part_stats = json.loads((part / "stats.json").read_text())
         if not part_stats["rows_in"]:
@@ -111,7 +111,7 @@ def build(ctx, out: Path) -> None:
         read = ", ".join(f"{label}: {n} rows" for label, n in rows_in.items())
         raise UserError(f"data: no training rows left after cleaning ({read}; {len(held)} held out, dropped "
                         f"{dict(dropped)}); check the sources and filters")
-    sequences, shards = write_shards(out / "train", prepared, docs, L, tok.pad_token_id)
+    sequences, shards = write_shards(out / "train", prepared, docs, L, tok.pad_token_id, ctx.progress)
     stats = {
         "kind": method.kind,
         "rows_in": dict(sorted(rows_in.items())),
@@ -128,10 +128,10 @@ def build(ctx, out: Path) -> None:
                      packing_efficiency=round(stats["tokens"] / (sequences * L), 6))
     assert stats["rows_in_total"] == len(docs) + len(held) + sum(dropped.values()), stats
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("%d rows in: %d train, %d held out, dropped %s", stats["rows_in_total"], len(docs),
+    ctx.log.debug("%d rows in: %d train, %d held out, dropped %s", stats["rows_in_total"], len(docs),
                  len(held), stats["dropped"])
     if "packing_efficiency" in stats:
-        ctx.log.info("packed %d documents (%d tokens) into %d sequences of %d: efficiency %.3f",
+        ctx.log.debug("packed %d documents (%d tokens) into %d sequences of %d: efficiency %.3f",
                      len(docs), stats["tokens"], sequences, L, stats["packing_efficiency"])
 
 

@@ -68,7 +68,7 @@ def test_kill_during_each_stage_then_rebuild(fresh, built):
         # as it starts where it is too quick to catch there; either way before it is done
         started = build.wait_for(lambda: any((fresh / "artifacts" / "store").glob(f"{stage}*/.tmp-*"))
                                  or (stage in ("base", "plan", "manifest")
-                                     and any(f"building {stage}:tiny" in l for l in build.lines)))
+                                     and any(l.startswith(f".  {stage}:tiny") for l in build.lines)))
         assert started, "".join(build.lines[-40:])
         build.kill()
         whole = visible_objects_are_whole(fresh)
