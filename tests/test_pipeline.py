@@ -236,3 +236,23 @@ def test_status_says_what_is_stale_and_why(warm):
     assert "  eval       stale: recipe eval.max_new_tokens (12 -> 10); and waits on" in out
     assert "  base       up to date" in out and "  plan       up to date" in out
     assert doit(warm, "manifest:tiny").stages_ran() >= {"shards", "checkpoint", "eval"}
+
+
+def test_status_is_one_line_a_recipe_and_never_contradicts_itself(warm):
+    recipes = sorted(p.stem for p in (warm / "recipes").glob("*.yaml"))
+    run = doit(warm, "status")
+    lines = run.out.splitlines()
+    assert run.rc == 0 and len(lines) == len(recipes) + 1, run.out
+    assert [line.split(":")[0] for line in lines[:-1]] == recipes and lines[-1].startswith("doit status:<recipe>")
+    assert "tiny: up to date" in lines and "tiny_lora: not built" in lines and "gpt_oss_20b: not built" in lines
+
+    # tiny_lora shares base and shards with tiny: those are up to date for it, and what comes after
+    # them is computed from them, not refused for want of tiny_lora's own pointers
+    out = doit(warm, "status:tiny_lora").out
+    assert "  base       up to date (an earlier build, or another recipe's, in the store: taken as it is)" in out
+    assert "  plan       stale: never built" in out and "cannot build yet" not in out, out
+    assert "  checkpoint waits on plan\n" in out, out
+
+    recipe = warm / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("lr: 0.005", "lr: 0.004"))
+    assert "tiny: stale: checkpoint: recipe train.lr (0.005 -> 0.004)" in doit(warm, "status").out.splitlines()
