@@ -74,6 +74,15 @@ def test_changing_eval_settings_reruns_eval_and_manifest_only(warm):
     assert run.stages_ran() == {"eval", "manifest"}
 
 
+def test_serving_settings_change_no_artifact_nor_the_receipt(warm):
+    recipe = warm / "recipes" / "tiny.yaml"
+    assert "\nserve:\n  port: 8000" in recipe.read_text()  # the port README names is in the recipe
+    recipe.write_text(recipe.read_text().replace("port: 8000", "port: 8011\n  host: 0.0.0.0"))
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0 and run.ran == [], run.out
+    assert doit(warm, "verify:tiny").rc == 0
+
+
 def test_reformatting_the_recipe_runs_nothing(warm):
     import yaml
 

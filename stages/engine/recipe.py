@@ -222,6 +222,8 @@ class PublishSection(Section):
 
 
 class ServeSection(Section):
+    """How `doit serve:<recipe>` serves the build (--host and --port override these). No artifact
+    reads it and it is no part of the receipt: where a model is served changes nothing it proves."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     host: str = "127.0.0.1"
     port: int = Field(8000, gt=0, lt=65536)
