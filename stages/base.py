@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from stages.engine.errors import UserError
+from stages.engine.errors import RecipeError, UserError
 from stages.model.tiny import build_from_config
 
 MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
@@ -37,7 +37,8 @@ def extra_inputs(recipe, root: Path, store) -> dict:
         return {}
     src = root / path
     if not src.is_dir():
-        raise UserError(f"recipe {name}: {path} is not a directory")
+        raise RecipeError(name, f"{path} is not a directory; correct the path (relative to the project) or put the "
+                                f"model there")
     return {p.name: store.stat.digest(p) for p in sorted(src.iterdir())
             if p.is_file() and any(p.match(pat) for pat in MODEL_FILE_PATTERNS)}
 

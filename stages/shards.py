@@ -28,7 +28,7 @@ from stages.data.prepared import Prepared
 from stages.data.selection import LENGTH_REASONS, counted, length_rules, write_drop_list
 from stages.data.shard_writer import write_shards
 from stages.data.sources import label_of, prepare_source
-from stages.engine.errors import UserError
+from stages.engine.errors import RecipeError, UserError
 from stages.train.methods import METHODS
 
 
@@ -45,8 +45,8 @@ def extra_inputs(recipe, root: Path, store) -> dict:
             continue  # a hub source is named by id and pinned revision, both in the recipe
         p = root / src.path
         if not p.is_file():
-            raise UserError(f"recipe data.sources.{i}.path: {src.path} not found; "
-                            f"fix the path or create the file")
+            raise RecipeError(f"data.sources.{i}.path", f"{src.path} not found{' (a directory)' if p.is_dir() else ''}; "
+                              f"correct the path (relative to the project) or put the file there")
         digests[src.path] = store.stat.digest(p)
     return digests
 

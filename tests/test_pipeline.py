@@ -175,7 +175,9 @@ def test_bad_input_changes_nothing_and_says_one_line(warm):
 
     recipe.write_text(good.replace("data/tiny/chat.jsonl", "data/tiny/missing.jsonl"))
     line = one_error_line(doit(warm, "manifest:tiny"))
-    assert "data/tiny/missing.jsonl not found" in line
+    at = good.splitlines().index("    - path: data/tiny/chat.jsonl") + 1
+    assert line.startswith(f"error: recipes/tiny.yaml:{at}: data.sources.0.path: data/tiny/missing.jsonl not found; "
+                           f"correct the path"), line
     recipe.write_text(good)
 
     data = warm / "data" / "tiny" / "chat.jsonl"

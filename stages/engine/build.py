@@ -18,7 +18,7 @@ from stages.engine import keys, remote, terminal
 from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs, upstream_artifacts
-from stages.engine.project import recipe, root, store
+from stages.engine.project import located, recipe, root, store
 from stages.engine.recipe import Recipe
 from stages.engine.stage import Stage, module
 from stages.engine.store import UNREADABLE
@@ -139,7 +139,7 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
             warned = build_key(recipe_name, stage, inputs, key, artifacts)
             return {"library_warnings": warned}  # for the run's closing summary (console.py)
     except (UserError, UndeclaredInput) as e:
-        return TaskFailed(str(e))
+        return TaskFailed(str(located(recipe_name, e)))
     except Exception as e:
         problem = storage_problem(e)
         if problem is None:

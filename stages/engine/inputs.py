@@ -14,8 +14,8 @@ from pathlib import Path
 
 from stages.engine import keys
 from stages.engine.declared import recipe_view
-from stages.engine.errors import UserError
-from stages.engine.project import recipe, root, store
+from stages.engine.errors import RecipeError, UserError
+from stages.engine.project import located, recipe, root, store
 from stages.engine.recipe import Recipe
 from stages.engine.stage import Stage, module
 from stages.engine.store import hash_file, merkle, select
@@ -128,7 +128,10 @@ def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Re
         "env": versions(stage.packages),
     }
     if hasattr(mod, "extra_inputs"):  # e.g. data files, device facts
-        inputs["extra"] = mod.extra_inputs(r, root(), store())
+        try:
+            inputs["extra"] = mod.extra_inputs(r, root(), store())
+        except RecipeError as e:
+            raise located(recipe_name, e) from None
     if stage.runs:  # measurements are not content, but a stage that shows them depends on them
         st, inputs["runs"] = store(), {}
         for up in stage.runs:

@@ -313,6 +313,18 @@ def _key_lines(text: str) -> dict[tuple, int]:
     return lines
 
 
+def where(path: Path, key: str) -> str:
+    """path:line of a dotted key (data.sources.0.path) in a recipe file, or of the nearest key above
+    it that the file gives (a default is not written there); just the path where none is."""
+    try:
+        lines = _key_lines(Path(path).read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, DuplicateKey):
+        return str(path)
+    parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+    line = next((lines[parts[:i]] for i in range(len(parts), 0, -1) if parts[:i] in lines), None)
+    return f"{path}:{line}" if line else str(path)
+
+
 # A recipe is a page of settings: these bounds are orders of magnitude above any real one and far
 # below what would cost memory or a RecursionError (YAML's aliases repeat a node without copying
 # it, so a few lines can stand for a billion: the bound is on the expanded size).
