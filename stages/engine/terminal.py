@@ -15,10 +15,12 @@ import logging
 import os
 import re
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # a colour (or cursor) control sequence
+ONE_AT_A_TIME = threading.Lock()  # file descriptors are the process's: doit -P thread captures one stage at a time
 
 
 def progress(console, iterable=None, **kwargs):
@@ -73,6 +75,13 @@ def captured(log_path: Path):
     library log records of WARNING and above go there through the root logger, and each warning
     is counted. Yields a Captured whose console is where stdout was. Afterwards the log is tidied
     (tidy) and everything is as it was."""
+    with ONE_AT_A_TIME:
+        with _captured(log_path) as out:
+            yield out
+
+
+@contextmanager
+def _captured(log_path: Path):
     flush()
     saved = os.dup(1), os.dup(2)
     console = os.fdopen(os.dup(saved[0]), "w", buffering=1, encoding="utf-8", errors="replace")
