@@ -236,6 +236,7 @@ def test_a_recipe_that_drops_most_rows_warns_before_training(warm):
 def test_status_says_what_is_stale_and_why(warm):
     run = doit(warm, "status:tiny")
     assert run.rc == 0 and all(f"  {s:<10} up to date" in run.out for s in ALL_STAGES), run.out
+    assert "  report     not built: doit report:tiny\n" in run.out and "never built" not in run.out  # built on request
     recipe = warm / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text().replace("lr: 0.005", "lr: 0.004").replace("max_new_tokens: 12", "max_new_tokens: 10"))
     data = warm / "data" / "tiny" / "chat.jsonl"

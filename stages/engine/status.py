@@ -62,9 +62,12 @@ def states(recipe_name: str, table: dict) -> list[tuple[str, str, str]]:
     "current" (up to date: in the store as the recipe is now, built for it or for another recipe
     or build, which a build takes as it is), "stale" (it will be built: why), "waits" (on a stale
     upstream: rebuilt only if that one's bytes change), "blocked" (an input is missing: the
-    error says which) or "remote" (missing here, a remote cache has it). A stage's key is
-    computed from the upstream artifacts found current before it, as a build would."""
+    error says which), "remote" (missing here, a remote cache has it) or "on request" (a stage
+    after the manifest, such as the report, that the recipe never built: doit manifest does not
+    build it, so nothing is amiss). A stage's key is computed from the upstream artifacts found
+    current before it, as a build would."""
     st, found, current, stale = store(), [], {}, []
+    receipt = {"manifest", *table["manifest"].upstream}
     for name, stage in table.items():
         waits = [up for up in stage.upstream if up in stale]
         try:
@@ -92,6 +95,8 @@ def states(recipe_name: str, table: dict) -> list[tuple[str, str, str]]:
         stale.append(name)
         if where := remote.present(name, key):
             found.append((name, "remote", f"present in the remote {where}: a build fetches it"))
+        elif before is None and name not in receipt:
+            found.append((name, "on request", f"not built: doit {name}:{recipe_name}"))
         elif before is None:
             found.append((name, "stale", "never built"))
         elif ptr["key"] == key:
@@ -108,7 +113,7 @@ def lines(recipe_name: str, table: dict) -> list[str]:
     except UserError as e:  # one line for a recipe that does not load, not one per stage
         return [f"{recipe_name}: cannot build: {e}"]
     words = {"current": "up to date", "stale": "stale: ", "waits": "", "blocked": "cannot build yet: ",
-             "remote": "missing from the store, "}
+             "remote": "missing from the store, ", "on request": ""}
     return [f"{recipe_name}:"] + [
         f"  {name:<10} {words[state]}{f' ({text})' if state == 'current' and text else text}"
         for name, state, text in states(recipe_name, table)]
@@ -125,7 +130,7 @@ def line(recipe_name: str, table: dict) -> str:
         return f"{recipe_name}: cannot build: {e}"
     st = store()
     built = {name for name in table if st.pointer(recipe_name, name)}
-    wanted = {"manifest", *table["manifest"].upstream} | built
+    wanted = {"manifest", *table["manifest"].upstream} | built  # and what was built on request
     first = next(((name, state, text) for name, state, text in states(recipe_name, table)
                   if name in wanted and state != "current"), None)
     if first is None:
