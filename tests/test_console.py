@@ -55,6 +55,31 @@ def test_library_output_goes_to_the_stage_log_and_its_warnings_are_counted(tmp_p
     assert "loading: 1/2" not in text and "\x1b" not in text and "\r" not in text and "\n\n" not in text
 
 
+def test_on_a_terminal_the_stage_draws_its_progress_bar_and_libraries_still_go_to_the_log(tmp_path):
+    import pty
+
+    log = tmp_path / "stage.log"
+    main, terminal = pty.openpty()
+    run = subprocess.run([sys.executable, "-c", LIBRARIES, str(log)], stdout=terminal, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=60)
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 1 << 16)
+        except OSError:  # the terminal's other end is closed: all read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    assert run.returncode == 0, run.stderr
+    text = shown.decode()
+    assert "a stage's bar: 100%" in text and "the stage's own line" in text, text
+    assert "a library's print" not in text and "LIB-" not in text and "child process" not in text, text
+    assert "a library's print" in log.read_text() and "a stage's bar" not in log.read_text()
+
+
 def test_times_in_the_summary_are_never_negative(tmp_path, monkeypatch):
     """The wall clock can step back while a task runs (NTP, a resumed VM): the summary's times
     come from the monotonic clock."""

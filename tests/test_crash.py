@@ -45,8 +45,10 @@ class Build:
 
 def visible_objects_are_whole(project: Path) -> list[str]:
     """Every object directory in the store has a sidecar, and its files are exactly the recorded ones."""
-    seen = []
-    for stage_dir in (project / "artifacts" / "store").iterdir():
+    seen, store = [], project / "artifacts" / "store"
+    if not store.is_dir():  # killed as the first stage started, before it made anything
+        return seen
+    for stage_dir in store.iterdir():
         for obj in stage_dir.iterdir():
             if obj.name.startswith(".") or not obj.is_dir():
                 continue
