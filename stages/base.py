@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from stages.engine.errors import UserError
+from stages.engine.errors import RecipeError, UserError
 from stages.model.tiny import build_from_config
 
 MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
@@ -37,7 +37,8 @@ def extra_inputs(recipe, root: Path, store) -> dict:
         return {}
     src = root / path
     if not src.is_dir():
-        raise UserError(f"recipe {name}: {path} is not a directory")
+        raise RecipeError(name, f"{path} is not a directory; correct the path (relative to the project) or put the "
+                                f"model there")
     return {p.name: store.stat.digest(p) for p in sorted(src.iterdir())
             if p.is_file() and any(p.match(pat) for pat in MODEL_FILE_PATTERNS)}
 
@@ -45,7 +46,7 @@ def extra_inputs(recipe, root: Path, store) -> dict:
 def build(ctx, out: Path) -> None:
     m = ctx.recipe.model
     if m.config is not None:
-        ctx.log.info("building a Qwen3 model from config (seed %d)", m.config.seed)
+        ctx.log.debug("building a Qwen3 model from config (seed %d)", m.config.seed)
         build_from_config(m.config, out, ctx.root)
     elif m.path is not None:
         ctx.log.info("copying local model %s", m.path)

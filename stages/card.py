@@ -17,7 +17,7 @@ def build(ctx, out: Path) -> None:
     anchor = json.loads((up["anchor"] / "anchor.json").read_text()) if "anchor" in up else None
     text = render(manifest, ctx.artifacts["manifest"]["digest"], scores, anchor, ctx.recipe.publish.license)
     (out / "README.md").write_text(text)
-    ctx.log.info("README.md: the model card, %d bytes", len(text))
+    ctx.log.debug("README.md: the model card, %d bytes", len(text))
 
 
 def summary(path: Path) -> list[str]:

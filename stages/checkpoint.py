@@ -32,7 +32,7 @@ def build(ctx, out: Path) -> None:
     resume = trainer.last_complete_checkpoint(ctx.work)
     if plan["processes"] == 1 and not distributed.one_of_several_gpus(plan, torch.cuda.device_count()):
         trainer.fit(method, ctx.upstream["base"], ctx.upstream["shards"], plan, t, ctx.work, out, resume, ctx.log,
-                    ctx.run)
+                    ctx.run, ctx.progress)
         return
     spec = {"method": method.name, "plan": plan, "train": t.model_dump(mode="json"),
             "resume": resume and str(resume.resolve()),

@@ -54,7 +54,7 @@ def build(ctx, out: Path) -> None:
         for name, trained in (("base", None), ("trained", checkpoint)):
             scores = reward_ranking.score(reward_ranking.load(trained, base), tok, rows)
             report[name] = {m: scores[m] for m in method.metrics}
-            ctx.log.info("%s: %s", name, report[name])
+            ctx.log.debug("%s: %s", name, report[name])
     else:
         kind = importlib.import_module(method.kind_module)
         context = json.loads((base / "config.json").read_text())["max_position_embeddings"]
@@ -72,11 +72,11 @@ def build(ctx, out: Path) -> None:
             export = quantized / scheme
             models.append((report.setdefault("quantized", {}), scheme,
                            lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
-        for where, name, load, size in models:
-            ctx.log.info("scoring %s on %d held-out rows", name, len(docs))
+        for where, name, load, size in ctx.progress(models, desc="scoring", unit=" models"):
+            ctx.log.debug("scoring %s on %d held-out rows", name, len(docs))
             scores = kind.scores(harness.results(load(), tok, configs, settings))
             where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
-            ctx.log.info("%s: %s", name, where[name])
+            ctx.log.debug("%s: %s", name, where[name])
         report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in q if m != "size_bytes"}
                                        for scheme, q in report.get("quantized", {}).items()}
     report["gain"] = {m: report["trained"][m] - report["base"][m] for m in report["base"] if m != "size_bytes"}

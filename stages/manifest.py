@@ -5,8 +5,9 @@ one canonical JSON file.
 
 Built only from deterministic content, so two clean builds give the same manifest. It is
 self-consistent: each artifact's entry holds the inputs its key is the hash of, and the
-manifest's own inputs are its fields `recipe` (every section but anchor: where the receipt is
-anchored is no part of what it proves, and an RPC URL never lands in it), `code`, `upstream` and
+manifest's own inputs are its fields `recipe` (every section but serve, anchor and publish: where
+the model is served, the receipt anchored or the build published is no part of what it proves, and
+an RPC URL never lands in it), `code`, `upstream` and
 `versions` (the stage table's RECEIPT_PACKAGES), so `doit verify` recomputes every key from the
 receipt itself (stages/engine/receipt.py).
 """
@@ -37,4 +38,4 @@ def build(ctx, out: Path) -> None:
                       for d in sorted(ctx.upstream["quantized"].iterdir()) if d.is_dir()},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("manifest of %d artifacts", len(artifacts))
+    ctx.log.debug("manifest of %d artifacts", len(artifacts))

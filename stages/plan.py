@@ -17,7 +17,7 @@ import os
 import platform
 from pathlib import Path
 
-from stages.engine.errors import UserError
+from stages.engine.errors import RecipeError, UserError
 from stages.train import autotune, settings
 
 
@@ -29,10 +29,11 @@ def device_facts(hardware) -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        raise UserError(f"recipe hardware.profile: {hardware.profile} needs a GPU and none is visible; "
-                        f"use profile: cpu on this machine")
+        raise RecipeError("hardware.profile", f"{hardware.profile} needs a GPU and none is visible; "
+                                              f"use profile: cpu on this machine")
     if torch.cuda.device_count() < hardware.gpus:
-        raise UserError(f"recipe hardware.gpus: {hardware.gpus} asked, {torch.cuda.device_count()} visible")
+        raise RecipeError("hardware.gpus", f"{hardware.gpus} asked, {torch.cuda.device_count()} visible; ask for "
+                                           f"at most {torch.cuda.device_count()}")
     return {"device": "cuda", "name": torch.cuda.get_device_name(0),
             "capability": list(torch.cuda.get_device_capability(0)),
             "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus, "processes": processes}
@@ -68,11 +69,11 @@ def build(ctx, out: Path) -> None:
     processes = facts["processes"]
     micro, accumulation = share(r.train.global_batch, r.train.micro_batch_size, processes)
     if r.train.peft == "qlora" and facts["device"] != "cuda":
-        raise UserError(f"recipe train.peft: qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; "
-                        f"hardware.profile is {r.hardware.profile}: use peft: lora on this machine")
+        raise RecipeError("train.peft", f"qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; "
+                                        f"hardware.profile is {r.hardware.profile}: use peft: lora on this machine")
     if r.train.peft == "qlora" and processes > 1:
-        raise UserError(f"recipe train.peft: qlora trains on one GPU (its 4-bit weights are not stored for FSDP to "
-                        f"shard); hardware.gpus is {r.hardware.gpus}: use gpus: 1, or peft: lora")
+        raise RecipeError("train.peft", f"qlora trains on one GPU (its 4-bit weights are not stored for FSDP to "
+                                        f"shard); hardware.gpus is {r.hardware.gpus}: use gpus: 1, or peft: lora")
     decisions = {
         "device": facts["device"],
         "dtype": "float32",

@@ -76,7 +76,7 @@ def build(ctx, out: Path) -> None:
         "schemes": {},
     }
     for scheme in schemes:
-        ctx.log.info("quantizing to %s with %d calibration sequences", scheme, len(calib))
+        ctx.log.debug("quantizing to %s with %d calibration sequences", scheme, len(calib))
         torch.manual_seed(0)
         quark.export(trained(), scheme, calib, out / scheme)
         AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / scheme)

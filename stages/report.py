@@ -5,6 +5,9 @@ and wall time, and where the manifest is anchored on a chain, if it is. Built fr
 and the files it names, plus the stages' run-time measurements, which are therefore part of its
 key (stages/engine/stage.py: Stage.runs), and the anchor's anchor.json where `doit anchor` has
 anchored this manifest (an optional upstream: reporting never needs the chain).
+The page reads top to bottom as a team lead compares two builds: scores (and how many held-out
+rows were scored: eval.limit caps them), the loss, the data, the plan, the stages in build order;
+the dropped rows themselves last, folded.
 `doit report:<recipe>`; the page is at artifacts/<recipe>/latest/report/report.html."""
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from pathlib import Path
 from stages.view.html import loss_svg, render
 
 FIRST_DROPPED = 50  # dropped rows listed on the page; dropped.jsonl has them all
+# what only a GPU plan decides (the probe's attention kernel, compile, fused loss, checkpointing, the
+# environment block): on a CPU these are the defaults, applied to nothing, and the page leaves them out
+GPU_ONLY = ("sdpa_backend", "rocm_fa_library", "compile", "fused_cross_entropy", "gradient_checkpointing", "env")
 
 
 def build(ctx, out: Path) -> None:
@@ -38,22 +44,28 @@ def build(ctx, out: Path) -> None:
     if "anchor" in up:  # absent unless anchored for this manifest
         anchor = json.loads((up["anchor"] / "anchor.json").read_text())
         anchor["time"] = datetime.fromtimestamp(anchor["timestamp"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    plan = manifest["plan"]
+    on_cpu = plan.get("device") == "cpu"
+    decisions = sorted((k, json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in plan.items()
+                       if not (on_cpu and k in GPU_ONLY))
+    order = list(runs)  # the report's row lists the stages whose runs it reads in build order
+    stages = sorted(manifest["artifacts"].items(), key=lambda s: order.index(s[0]) if s[0] in order else len(order))
     html = render(
         recipe=ctx.recipe_name, manifest_digest=ctx.artifacts["manifest"]["digest"], anchor=anchor,
-        heldout_rows=evaluation.get("heldout_rows"), models=models, metrics=metrics,
+        heldout_rows=evaluation.get("heldout_rows"), limit=(evaluation.get("settings") or {}).get("limit"),
+        too_long=evaluation.get("heldout_longer_than_context", 0), models=models, metrics=metrics,
         loss_svg=loss_svg(steps) if steps else "<p>no steps logged</p>", steps=len(steps),
         first_loss=steps[0]["loss"] if steps else None, last_loss=steps[-1]["loss"] if steps else None,
         rows_in=sorted(stats["rows_in"].items()), kept=stats["kept"], drops=sorted(stats["dropped"].items()),
         dropped_rows=dropped, tokens=stats["tokens"],  # packing: only where the data kind packs its rows
         sequences=stats.get("sequences"), sequence_length=stats.get("sequence_length"),
         packing=stats.get("packing_efficiency"),
-        decisions=sorted((k, json.dumps(v) if isinstance(v, (dict, list)) else v)
-                         for k, v in manifest["plan"].items()),
+        decisions=decisions, gpu_only=[k for k in GPU_ONLY if k in plan] if on_cpu else [],
         measurements=measurements, probe_columns=sorted({c for m in measurements for c in m}),
-        stages=[{"name": s, "key": a["key"], "digest": a["digest"], "seconds": runs[s].get("seconds")}
-                for s, a in manifest["artifacts"].items()]
+        stages=[{"name": s, "key": a["key"], "digest": a["digest"], "seconds": runs.get(s, {}).get("seconds")}
+                for s, a in stages]
         + [{"name": "manifest", "key": ctx.artifacts["manifest"]["key"],
             "digest": ctx.artifacts["manifest"]["digest"], "seconds": runs["manifest"].get("seconds")}],
     )
     (out / "report.html").write_text(html)
-    ctx.log.info("report.html: %d bytes", len(html))
+    ctx.log.debug("report.html: %d bytes", len(html))

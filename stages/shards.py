@@ -28,7 +28,7 @@ from stages.data.prepared import Prepared
 from stages.data.selection import LENGTH_REASONS, counted, length_rules, write_drop_list
 from stages.data.shard_writer import write_shards
 from stages.data.sources import label_of, prepare_source
-from stages.engine.errors import UserError
+from stages.engine.errors import RecipeError, UserError
 from stages.train.methods import METHODS
 
 
@@ -45,8 +45,8 @@ def extra_inputs(recipe, root: Path, store) -> dict:
             continue  # a hub source is named by id and pinned revision, both in the recipe
         p = root / src.path
         if not p.is_file():
-            raise UserError(f"recipe data.sources.{i}.path: {src.path} not found; "
-                            f"fix the path or create the file")
+            raise RecipeError(f"data.sources.{i}.path", f"{src.path} not found{' (a directory)' if p.is_dir() else ''}; "
+                              f"correct the path (relative to the project) or put the file there")
         digests[src.path] = store.stat.digest(p)
     return digests
 
@@ -77,7 +77,7 @@ def build(ctx, out: Path) -> None:
     for src in data.sources:
         part, reused = ctx.cached("source", part_inputs(ctx, src, method.kind),
                                   lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
-        ctx.log.info("%s: %s", label_of(src), "prepared rows reused from the store" if reused
+        ctx.log.debug("%s: %s", label_of(src), "prepared rows reused from the store" if reused
                      else "read, cleaned and tokenized")
         part_stats = json.loads((part / "stats.json").read_text())
         if not part_stats["rows_in"]:
@@ -111,7 +111,7 @@ def build(ctx, out: Path) -> None:
         read = ", ".join(f"{label}: {n} rows" for label, n in rows_in.items())
         raise UserError(f"data: no training rows left after cleaning ({read}; {len(held)} held out, dropped "
                         f"{dict(dropped)}); check the sources and filters")
-    sequences, shards = write_shards(out / "train", prepared, docs, L, tok.pad_token_id)
+    sequences, shards = write_shards(out / "train", prepared, docs, L, tok.pad_token_id, ctx.progress)
     stats = {
         "kind": method.kind,
         "rows_in": dict(sorted(rows_in.items())),
@@ -128,10 +128,10 @@ def build(ctx, out: Path) -> None:
                      packing_efficiency=round(stats["tokens"] / (sequences * L), 6))
     assert stats["rows_in_total"] == len(docs) + len(held) + sum(dropped.values()), stats
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
-    ctx.log.info("%d rows in: %d train, %d held out, dropped %s", stats["rows_in_total"], len(docs),
+    ctx.log.debug("%d rows in: %d train, %d held out, dropped %s", stats["rows_in_total"], len(docs),
                  len(held), stats["dropped"])
     if "packing_efficiency" in stats:
-        ctx.log.info("packed %d documents (%d tokens) into %d sequences of %d: efficiency %.3f",
+        ctx.log.debug("packed %d documents (%d tokens) into %d sequences of %d: efficiency %.3f",
                      len(docs), stats["tokens"], sequences, L, stats["packing_efficiency"])
 
 

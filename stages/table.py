@@ -17,8 +17,8 @@ MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "tokeni
                "chat_template.jinja", "special_tokens_map.json")
 TOKENIZER_FILES = ("tokenizer*", "chat_template.jinja", "special_tokens_map.json")
 TRAINED = ("model/*", "adapter/*")
-# the recipe as the receipt records it: where it is anchored or published is no part of what it proves
-RECEIPT_SECTIONS = tuple(name for name in Recipe.model_fields if name not in ("anchor", "publish"))
+# the recipe as the receipt records it: where it is served, anchored or published is no part of what it proves
+RECEIPT_SECTIONS = tuple(name for name in Recipe.model_fields if name not in ("serve", "anchor", "publish"))
 RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "datasets",
                     "lm-eval", "amd-quark", "safetensors", "blake3", "doit", "pydantic")
 

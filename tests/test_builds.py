@@ -60,6 +60,21 @@ def test_lora_builds_are_bit_identical_under_another_hash_seed(fresh, built_lora
     manifest = artifact(fresh, "manifest", "tiny_lora") / "manifest.json"
     assert manifest.read_bytes() == (artifact(built_lora, "manifest", "tiny_lora") / "manifest.json").read_bytes()
 
+    # and a fresh build, its output not a terminal, prints the stages' own lines only: each stage's
+    # start, what it made and its end, then the summary; what Quark, lm-eval and transformers print
+    # is in each stage's log beside its artifact, without colour codes or progress bar redraws
+    assert len(run.out.splitlines()) <= 40 and "\x1b[" not in run.out and "\r" not in run.out, run.out
+    assert "QUARK" not in run.out and "Running generate_until" not in run.out and "Loading weights" not in run.out
+    built = [line.split()[1] for line in run.out.splitlines() if line.startswith("   built ")]
+    assert built == [f"{stage}:tiny_lora" for stage in ("base", "plan", "shards", "checkpoint", "quantized", "eval",
+                                                          "manifest")], run.out
+    assert "   stats.json: 3000 rows in" in run.out and "   eval.json on 48 held-out rows: base exact match" in run.out
+    logs = {stage: artifact(fresh, stage, "tiny_lora").with_suffix(".log").read_text() for stage in ALL_STAGES}
+    assert "[QUARK-INFO]: Compiling" in logs["quantized"] and "QConfig(" in logs["quantized"]
+    assert "Running generate_until requests: 100%" in logs["eval"] and "Loading weights: 100%" in logs["checkpoint"]
+    assert "step 150/150 loss" in logs["checkpoint"]
+    assert not any("\x1b[" in log or "\r" in log for log in logs.values())
+
 
 # tiny's base model and the files of its shards as built before the stages moved into engine/,
 # data/, train/ and model/ (c223203): moving code changes keys (module paths are part of them),

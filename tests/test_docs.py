@@ -61,3 +61,19 @@ def test_ci_finds_the_test_command_in_the_readme():
     found = subprocess.run(["bash", "-c", f'{line}\nprintf %s "$test_command"'], cwd=REPO, capture_output=True,
                            text=True, check=True).stdout
     assert "pytest" in found and found.startswith("python3 -m venv"), found
+
+
+def test_what_the_docs_examples_import_comes_with_the_project():
+    """A reader who installed the project (pip install -e ., no extras) can run the docs' Python:
+    every module their code imports is a main dependency's (serving.md's OpenAI client)."""
+    import importlib.metadata
+    import tomllib
+
+    pinned = {re.split(r"[=<>\[;]", d)[0].lower() for d in
+              tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    shipped = importlib.metadata.packages_distributions()
+    code = re.compile(r"^ {4,}(?:from ([A-Za-z_]\w*)[\w.]* import [\w*(]|import ([A-Za-z_]\w*)[\w.]*\s*$)", re.M)
+    imported = {a or b for page in PAGES for a, b in code.findall(page.read_text())}
+    assert imported, "no example imports anything: the test tests nothing"
+    missing = {m for m in imported if m != "stages" and not {d.lower() for d in shipped.get(m, [m])} & pinned}
+    assert not missing, f"the docs import {sorted(missing)}, which pip install -e . does not install"

@@ -201,8 +201,9 @@ def test_qlora_on_the_cpu_stops_in_one_line(warm):
     before = snapshot(warm)
     run = doit(warm, "checkpoint:tiny_qlora")
     assert run.rc != 0
-    assert "recipe train.peft: qlora loads the base in 4-bit through bitsandbytes, which needs a GPU; " \
-           "hardware.profile is cpu: use peft: lora on this machine" in run.out
+    at = (warm / "recipes" / "tiny_qlora.yaml").read_text().splitlines().index("  peft: qlora") + 1
+    assert f"error: recipes/tiny_qlora.yaml:{at}: train.peft: qlora loads the base in 4-bit through bitsandbytes, " \
+           "which needs a GPU; hardware.profile is cpu: use peft: lora on this machine" in run.out, run.out
     assert "Traceback" not in run.out
     assert {k for k in snapshot(warm) if "/plan/" in k or "/checkpoint/" in k} == \
         {k for k in before if "/plan/" in k or "/checkpoint/" in k}

@@ -74,6 +74,15 @@ def test_changing_eval_settings_reruns_eval_and_manifest_only(warm):
     assert run.stages_ran() == {"eval", "manifest"}
 
 
+def test_serving_settings_change_no_artifact_nor_the_receipt(warm):
+    recipe = warm / "recipes" / "tiny.yaml"
+    assert "\nserve:\n  port: 8000" in recipe.read_text()  # the port README names is in the recipe
+    recipe.write_text(recipe.read_text().replace("port: 8000", "port: 8011\n  host: 0.0.0.0"))
+    run = doit(warm, "manifest:tiny")
+    assert run.rc == 0 and run.ran == [], run.out
+    assert doit(warm, "verify:tiny").rc == 0
+
+
 def test_reformatting_the_recipe_runs_nothing(warm):
     import yaml
 
@@ -166,7 +175,9 @@ def test_bad_input_changes_nothing_and_says_one_line(warm):
 
     recipe.write_text(good.replace("data/tiny/chat.jsonl", "data/tiny/missing.jsonl"))
     line = one_error_line(doit(warm, "manifest:tiny"))
-    assert "data/tiny/missing.jsonl not found" in line
+    at = good.splitlines().index("    - path: data/tiny/chat.jsonl") + 1
+    assert line.startswith(f"error: recipes/tiny.yaml:{at}: data.sources.0.path: data/tiny/missing.jsonl not found; "
+                           f"correct the path"), line
     recipe.write_text(good)
 
     data = warm / "data" / "tiny" / "chat.jsonl"
@@ -225,6 +236,7 @@ def test_a_recipe_that_drops_most_rows_warns_before_training(warm):
 def test_status_says_what_is_stale_and_why(warm):
     run = doit(warm, "status:tiny")
     assert run.rc == 0 and all(f"  {s:<10} up to date" in run.out for s in ALL_STAGES), run.out
+    assert "  report     not built: doit report:tiny\n" in run.out and "never built" not in run.out  # built on request
     recipe = warm / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text().replace("lr: 0.005", "lr: 0.004").replace("max_new_tokens: 12", "max_new_tokens: 10"))
     data = warm / "data" / "tiny" / "chat.jsonl"
@@ -236,3 +248,23 @@ def test_status_says_what_is_stale_and_why(warm):
     assert "  eval       stale: recipe eval.max_new_tokens (12 -> 10); and waits on" in out
     assert "  base       up to date" in out and "  plan       up to date" in out
     assert doit(warm, "manifest:tiny").stages_ran() >= {"shards", "checkpoint", "eval"}
+
+
+def test_status_is_one_line_a_recipe_and_never_contradicts_itself(warm):
+    recipes = sorted(p.stem for p in (warm / "recipes").glob("*.yaml"))
+    run = doit(warm, "status")
+    lines = run.out.splitlines()
+    assert run.rc == 0 and len(lines) == len(recipes) + 1, run.out
+    assert [line.split(":")[0] for line in lines[:-1]] == recipes and lines[-1].startswith("doit status:<recipe>")
+    assert "tiny: up to date" in lines and "tiny_lora: not built" in lines and "gpt_oss_20b: not built" in lines
+
+    # tiny_lora shares base and shards with tiny: those are up to date for it, and what comes after
+    # them is computed from them, not refused for want of tiny_lora's own pointers
+    out = doit(warm, "status:tiny_lora").out
+    assert "  base       up to date (an earlier build, or another recipe's, in the store: taken as it is)" in out
+    assert "  plan       stale: never built" in out and "cannot build yet" not in out, out
+    assert "  checkpoint waits on plan\n" in out, out
+
+    recipe = warm / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("lr: 0.005", "lr: 0.004"))
+    assert "tiny: stale: checkpoint: recipe train.lr (0.005 -> 0.004)" in doit(warm, "status").out.splitlines()

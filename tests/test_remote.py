@@ -50,6 +50,10 @@ def pulled_and_verified(source, fresh, *args, env=None):
     """Pull into a fresh clone; the build then runs nothing and verify passes on every byte."""
     run = doit(fresh, "pull:tiny", *args, env=env)
     assert run.rc == 0 and "Traceback" not in run.out, run.out[-3000:]
+    said = [line for line in run.out.splitlines() if line.split(":")[0] in ALL_STAGES]  # each entry once, as it is
+    assert sorted(line.split(":")[0] for line in said) == sorted(ALL_STAGES), run.out
+    assert all(line.endswith(" pulled") for line in said), run.out
+    assert f"pull:tiny: the recipe's build is in the store ({len(ALL_STAGES)} of {len(ALL_STAGES)} entries pulled" in run.out
     assert pointers(fresh) == pointers(source)
     assert doit(fresh, "manifest:tiny").ran == []
     check = doit(fresh, "verify:tiny", "--full")

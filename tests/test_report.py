@@ -59,9 +59,26 @@ def test_the_report_renders_and_says_what_the_artifacts_say(warm, tmp_path):
         assert f"{reason} {count:,}" in text
     manifest_digest = json.loads((warm / "artifacts" / "tiny" / "manifest.json").read_text())["digest"]
     assert manifest_digest in text
-    for stage in ("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"):
-        key = json.loads((warm / "artifacts" / "tiny" / f"{stage}.json").read_text())["key"]
-        assert key in text
+    keys = [json.loads((warm / "artifacts" / "tiny" / f"{stage}.json").read_text())["key"]
+            for stage in ("base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest")]
+    assert all(key in text for key in keys)
+    assert [text.index(key) for key in keys] == sorted(text.index(key) for key in keys)  # in build order
+
+    # read top to bottom: scores, training, data, plan, stages; the dropped rows last, folded
+    assert [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<h2[^>]*>(.*?)</h2>", dom)] == [
+        "Evaluation", "Training", "Data", "Plan", "Stages", "Dropped rows"]
+    assert re.search(r'<details id="dropped">(?:(?!</details>).)*<table id="dropped-rows">', dom, re.S)
+    assert "<details id=\"dropped\" open" not in dom
+    # how many held-out rows were scored, beside how many were kept, and why they differ
+    scored, limit = evaluation["heldout_rows"], evaluation["settings"]["limit"]
+    assert scored == limit < stats["kept"]["heldout"]
+    assert f"Scored on {scored} of the {stats['kept']['heldout']} held-out rows: eval.limit ({limit}) caps how many " \
+           f"are scored" in text
+    # a CPU plan: no row for what only a GPU plan decides
+    decisions = re.search(r'<table id="decisions">(.*?)</table>', dom, re.S).group(1)
+    assert "micro_batch_size" in decisions and "device" in decisions
+    assert not any(field in decisions for field in ("compile", "sdpa_backend", "fused_cross_entropy", "rocm_fa_library"))
+    assert "Planned for the CPU" in text
     assert "<svg" in html and "learning rate" in text  # the loss curve, drawn
     assert " not anchored " in text  # no doit anchor:tiny here
 

@@ -89,13 +89,12 @@ def write_shard(path: Path, chunks: list, at: np.ndarray, kind_module: str, L: i
     return 0
 
 
-def write_shards(out: Path, prepared, docs: np.ndarray, L: int, pad_id: int) -> tuple[int, int]:
+def write_shards(out: Path, prepared, docs: np.ndarray, L: int, pad_id: int, progress=lambda it, **_: it) -> tuple[int, int]:
     """The documents at rows `docs`, in order, PACK_WINDOW to a shard; shards are written by one
-    worker process per core. Returns (sequences, shards)."""
+    worker process per core, counted by `progress` (a tqdm-like wrapper: the build's Context.progress).
+    Returns (sequences, shards)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
-
-    from tqdm import tqdm
 
     out.mkdir()
     windows = [docs[i: i + PACK_WINDOW] for i in range(0, len(docs), PACK_WINDOW)]
@@ -104,5 +103,5 @@ def write_shards(out: Path, prepared, docs: np.ndarray, L: int, pad_id: int) -> 
                                np.stack([prepared.chunk_of[w], prepared.local[w]], axis=1), prepared.kind.__name__,
                                L, pad_id)
                    for k, w in enumerate(windows)]
-        sequences = sum(f.result() for f in tqdm(futures, desc="shards", unit=" shards"))
+        sequences = sum(f.result() for f in progress(futures, desc="shards", unit=" shards"))
     return sequences, len(windows)

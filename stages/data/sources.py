@@ -222,10 +222,8 @@ def prepare_source(ctx, src, kind, out: Path) -> None:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from tqdm import tqdm
-
     count = SourceCount(src)
-    progress = tqdm(desc=label_of(src), unit=" rows", mininterval=2)
+    progress = ctx.progress(desc=label_of(src), unit=" rows", mininterval=2)
 
     def take(future) -> None:
         outcome = future.result()

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import keys, remote
+from stages.engine import keys, remote, terminal
 from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs, upstream_artifacts
-from stages.engine.project import recipe, root, store
+from stages.engine.project import located, recipe, root, store
 from stages.engine.recipe import Recipe
 from stages.engine.stage import Stage, module
 from stages.engine.store import UNREADABLE
@@ -40,6 +40,12 @@ class Context:
     work: Path
     log: logging.Logger
     run: dict = field(default_factory=dict)  # run-time measurements, kept beside the artifact
+    console: TextIO | None = None  # the terminal doit runs in (the stage's output goes to its log)
+
+    def progress(self, iterable=None, **kwargs):
+        """A tqdm progress bar on the console, drawn only where that is a terminal: a build whose
+        output goes to a file or a pipe prints no redraws."""
+        return terminal.progress(self.console, iterable, **kwargs)
 
     def cached(self, part: str, inputs: dict, make) -> tuple[Path, bool]:
         """A piece of this stage's work (one data file's tokens, say) kept in the store under
@@ -73,19 +79,29 @@ def is_built(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> bool:
     return True
 
 
-def _logger(path: Path, name: str) -> logging.Logger:
+def _logger(path: Path, name: str, console: TextIO | None) -> logging.Logger:
     """The stage's log: everything (DEBUG up: per-step lines too) in the file beside the
-    artifact; the console gets INFO, what a person follows a build by."""
+    artifact, with the time; the console gets INFO, the few lines a person follows a build by."""
     log = logging.getLogger(f"mindxtrain.{name}")
-    log.handlers.clear()
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    fmt = logging.Formatter("%(asctime)s %(message)s")
-    for h, level in ((logging.FileHandler(path), logging.DEBUG), (logging.StreamHandler(sys.stdout), logging.INFO)):
-        h.setFormatter(fmt)
+    handlers = [(logging.FileHandler(path, encoding="utf-8"), logging.DEBUG, "%(asctime)s %(message)s")]
+    if console is not None:
+        handlers.append((logging.StreamHandler(console), logging.INFO, "   %(message)s"))
+    for h, level, fmt in handlers:
+        h.setFormatter(logging.Formatter(fmt))
         h.setLevel(level)
         log.addHandler(h)
     return log
+
+
+def _close(log: logging.Logger) -> None:
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
 
 
 STORAGE_ADVICE = {"No space left on device": "free space on that disk (or move artifacts/ to a larger one)",
@@ -120,9 +136,10 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
             unreadable = [p for p in damage if UNREADABLE in p]
             if unreadable:  # not damage to rebuild over: the owner's permissions, theirs to mend
                 raise UserError(f"{stage.name}:{recipe_name}: {unreadable[0]}; nothing was rebuilt")
-            build_key(recipe_name, stage, inputs, key, artifacts)
+            warned = build_key(recipe_name, stage, inputs, key, artifacts)
+            return {"library_warnings": warned}  # for the run's closing summary (console.py)
     except (UserError, UndeclaredInput) as e:
-        return TaskFailed(str(e))
+        return TaskFailed(str(located(recipe_name, e)))
     except Exception as e:
         problem = storage_problem(e)
         if problem is None:
@@ -133,35 +150,66 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
 
 
 def context(recipe_name: str, stage: Stage, full: Recipe, inputs: dict, key: str, artifacts: dict[str, dict],
-            view: Path, log: logging.Logger) -> Context:
+            view: Path, log: logging.Logger, console: TextIO | None = None) -> Context:
     """A build's Context: the recipe as the stage declares it, and under `view` a directory per
     upstream artifact holding links to its declared files."""
     st = store()
     upstream = upstream_view(view, {up: (st.path(up, a["key"]), a["files"]) for up, a in artifacts.items()})
     return Context(recipe_name, recipe_view(full, stage.params + stage.settings, stage.name), root(), key, inputs,
-                   upstream, artifacts, st.work_dir(stage.name, key), log)
+                   upstream, artifacts, st.work_dir(stage.name, key), log, console=console)
 
 
-def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict]) -> None:
+def shown_path(path: Path) -> str:
+    """A path in the project as a person types it there."""
+    return str(path.relative_to(root())) if path.is_relative_to(root()) else str(path)
+
+
+def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict]) -> int:
     """Build the stage's artifact for this key (its lock held) from the upstream artifacts its
-    key was computed from, and commit it."""
+    key was computed from, and commit it. What the libraries print or log while it builds goes
+    to its log (stages/engine/terminal.py), which is kept beside the artifact, or beside where
+    it would be, as <key>.failed.log, when the build fails other than on bad input. The console
+    gets the stage's own lines: what its module's summary() says of the artifact, and one line
+    with its time, digest, and the library warnings in its log. Returns how many there were."""
     st = store()
     tmp = st.temp_dir(stage.name, key)
     log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
+    final_log, failed_log = st.path(stage.name, key).with_suffix(".log"), st.path(stage.name, key).with_suffix(".failed.log")
+    log = None
     try:
-        log = _logger(log_tmp, f"{stage.name}.{recipe_name}")
-        log.info("building %s:%s key=%s", stage.name, recipe_name, key)
-        ctx = context(recipe_name, stage, recipe(recipe_name), inputs, key, artifacts, view, log)
-        start = time.time()
-        module(stage).build(ctx, tmp)
-        ctx.run["seconds"] = round(time.time() - start, 3)
-        meta = st.commit(stage.name, key, tmp, {"inputs": inputs, "run": ctx.run})
-        log_tmp.replace(st.path(stage.name, key).with_suffix(".log"))
-        st.set_pointer(recipe_name, stage.name, key, meta["digest"])
-        log.info("built %s:%s digest=%s in %.1fs", stage.name, recipe_name, meta["digest"][:16],
-                 ctx.run["seconds"])
+        with terminal.captured(log_tmp) as out:
+            log = _logger(log_tmp, f"{stage.name}.{recipe_name}", out.console)
+            log.debug("building %s:%s key=%s", stage.name, recipe_name, key)
+            ctx = context(recipe_name, stage, recipe(recipe_name), inputs, key, artifacts, view, log, out.console)
+            start = time.monotonic()
+            module(stage).build(ctx, tmp)
+            ctx.run["seconds"] = round(time.monotonic() - start, 3)
+            meta = st.commit(stage.name, key, tmp, {"inputs": inputs, "run": ctx.run})
+            st.set_pointer(recipe_name, stage.name, key, meta["digest"])
+            summary = getattr(module(stage), "summary", None)
+            for line in summary(st.path(stage.name, key)) if summary else []:
+                log.info("%s", line)
+            warned = out.warnings
+            where = f"; {warned} library warning{'s' if warned != 1 else ''} in {shown_path(final_log)}" if warned else ""
+            log.info("built %s:%s in %.1fs, digest %s%s", stage.name, recipe_name, ctx.run["seconds"],
+                     meta["digest"][:12], where)
+            _close(log)
+        log_tmp.replace(final_log)
+        failed_log.unlink(missing_ok=True)
         shutil.rmtree(ctx.work, ignore_errors=True)
+        return warned
+    except (UserError, UndeclaredInput):
+        raise  # bad input: its one line is the whole report
+    except BaseException as e:
+        if log_tmp.exists():  # what the libraries printed before it failed
+            log_tmp.replace(failed_log)
+        if failed_log.exists() and not (isinstance(e, Exception) and storage_problem(e)):
+            print(f"{stage.name}:{recipe_name}: failed; its log, with what the libraries printed: "
+                  f"{shown_path(failed_log)}", flush=True)
+        raise
     finally:
+        if log is not None:
+            _close(log)
         for leftover in (tmp, view):
             if leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)

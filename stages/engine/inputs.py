@@ -14,8 +14,8 @@ from pathlib import Path
 
 from stages.engine import keys
 from stages.engine.declared import recipe_view
-from stages.engine.errors import UserError
-from stages.engine.project import recipe, root, store
+from stages.engine.errors import RecipeError, UserError
+from stages.engine.project import located, recipe, root, store
 from stages.engine.recipe import Recipe
 from stages.engine.stage import Stage, module
 from stages.engine.store import hash_file, merkle, select
@@ -59,17 +59,20 @@ def versions(packages) -> dict[str, str]:
     return {p: platform.python_version() if p == "python" else importlib.metadata.version(p) for p in packages}
 
 
-def upstream_artifacts(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> dict[str, dict]:
+def upstream_artifacts(recipe_name: str, stage: Stage, table: dict[str, Stage],
+                       at: dict[str, str] | None = None) -> dict[str, dict]:
     """Each upstream artifact the recipe resolves to: key, digest, and the files the stage
     declares it reads. A required upstream not built raises UserError; an optional one is
-    there only where it is built for this build (built_for)."""
+    there only where it is built for this build (built_for). `at` names keys to take for some
+    upstream stages instead of the recipe's pointers: those status found current in the store,
+    which a build would take (and point the recipe at) without building them."""
     st, found = store(), {}
     for up, patterns in stage.upstream.items():
-        ptr = st.pointer(recipe_name, up)
-        meta = ptr and st.sidecar(up, ptr["key"])
-        if meta is None:
+        key = (at or {}).get(up) or (st.pointer(recipe_name, up) or {}).get("key")
+        meta = key and st.sidecar(up, key)
+        if not meta:
             raise UserError(f"{stage.name}:{recipe_name}: upstream {up} is not built; run doit {up}:{recipe_name}")
-        found[up] = {"key": ptr["key"], "digest": meta["digest"], "files": select(meta["files"], patterns),
+        found[up] = {"key": key, "digest": meta["digest"], "files": select(meta["files"], patterns),
                      "inputs": meta["inputs"]}
     for up, patterns in stage.optional.items():
         built = built_for(recipe_name, table[up], table)
@@ -107,17 +110,17 @@ def built_for(recipe_name: str, stage: Stage, table: dict[str, Stage]) -> dict |
 
 
 def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Recipe | None = None,
-               artifacts: dict[str, dict] | None = None) -> dict:
+               artifacts: dict[str, dict] | None = None, at: dict[str, str] | None = None) -> dict:
     """Everything a stage's output depends on, which is all its build may read: the recipe
     fields it declares, the digests of the upstream files it declares (and which optional
     upstreams are absent), its code, the versions of its libraries, and what its module's
     extra_inputs adds (data files' content, device facts). `full` is the recipe (by default
     recipes/<recipe_name>.yaml); `artifacts` the upstream artifacts (by default as
-    upstream_artifacts finds them: a build passes those it will read). Raises UserError if an
-    input is missing."""
+    upstream_artifacts finds them, taking the keys in `at` where given: a build passes those it
+    will read). Raises UserError if an input is missing."""
     full = full or recipe(recipe_name)
     r, mod = recipe_view(full, stage.params, stage.name), module(stage)
-    artifacts = artifacts if artifacts is not None else upstream_artifacts(recipe_name, stage, table)
+    artifacts = artifacts if artifacts is not None else upstream_artifacts(recipe_name, stage, table, at)
     inputs = {
         "stage": stage.name,
         "code": code_files([stage.module, *(mod.code_modules(r) if hasattr(mod, "code_modules") else [])]),
@@ -128,8 +131,16 @@ def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Re
     if stage.records_keys:
         inputs["upstream_keys"] = {up: artifacts[up]["key"] for up in stage.upstream}
     if hasattr(mod, "extra_inputs"):  # e.g. data files, device facts
-        inputs["extra"] = mod.extra_inputs(r, root(), store())
+        try:
+            inputs["extra"] = mod.extra_inputs(r, root(), store())
+        except RecipeError as e:
+            raise located(recipe_name, e) from None
     if stage.runs:  # measurements are not content, but a stage that shows them depends on them
-        st = store()
-        inputs["runs"] = {up: st.sidecar(up, st.pointer(recipe_name, up)["key"])["run"] for up in stage.runs}
+        st, inputs["runs"] = store(), {}
+        for up in stage.runs:
+            key = (at or {}).get(up) or (st.pointer(recipe_name, up) or {}).get("key")
+            meta = key and st.sidecar(up, key)
+            if not meta:
+                raise UserError(f"{stage.name}:{recipe_name}: {up} is not built; run doit {up}:{recipe_name}")
+            inputs["runs"][up] = meta["run"]
     return inputs

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from doit.exceptions import InvalidDodoFile
 
-from stages.engine.errors import UserError
-from stages.engine.recipe import Recipe, check_name, load
+from stages.engine.errors import RecipeError, UserError
+from stages.engine.recipe import Recipe, check_name, load, where
 from stages.engine.store import Store
 
 
@@ -34,6 +34,15 @@ def recipe_names() -> list[str]:
 def recipe(name: str) -> Recipe:
     """recipes/<name>.yaml, loaded once per process: the recipe cannot drift while doit runs."""
     return load(Path("recipes") / f"{name}.yaml")
+
+
+def located(recipe_name: str, error: Exception) -> Exception:
+    """A stage's RecipeError as the recipe file's path and the key's line, the key, and the problem
+    (recipes/tiny.yaml:17: data.sources.0.path: ... not found; ...), as the schema's errors read;
+    any other error as it is."""
+    if not isinstance(error, RecipeError):
+        return error
+    return UserError(f"{where(Path('recipes') / f'{recipe_name}.yaml', error.key)}: {error.key}: {error.problem}")
 
 
 @functools.lru_cache(maxsize=None)

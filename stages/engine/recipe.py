@@ -222,6 +222,8 @@ class PublishSection(Section):
 
 
 class ServeSection(Section):
+    """How `doit serve:<recipe>` serves the build (--host and --port override these). No artifact
+    reads it and it is no part of the receipt: where a model is served changes nothing it proves."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     host: str = "127.0.0.1"
     port: int = Field(8000, gt=0, lt=65536)
@@ -309,6 +311,18 @@ def _key_lines(text: str) -> dict[tuple, int]:
 
     walk(yaml.compose(text), ())
     return lines
+
+
+def where(path: Path, key: str) -> str:
+    """path:line of a dotted key (data.sources.0.path) in a recipe file, or of the nearest key above
+    it that the file gives (a default is not written there); just the path where none is."""
+    try:
+        lines = _key_lines(Path(path).read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, DuplicateKey):
+        return str(path)
+    parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+    line = next((lines[parts[:i]] for i in range(len(parts), 0, -1) if parts[:i] in lines), None)
+    return f"{path}:{line}" if line else str(path)
 
 
 # A recipe is a page of settings: these bounds are orders of magnitude above any real one and far

@@ -78,32 +78,39 @@ def push(recipe_name: str, table: dict, remote_url: str = ""):
     return None
 
 
-def install(rem, recipe_name: str, name: str, key: str, table: dict) -> bool:
-    """One entry from the remote into the store, unless it is there; False where the remote lacks it.
-    The remote is untrusted: the stage table says which stages an entry may name."""
+def install(rem, recipe_name: str, name: str, key: str, table: dict, what: str = "") -> str | None:
+    """One entry from the remote into the store, unless it is there, saying which: "pulled" or
+    "already in the store"; None where the remote lacks it. `what` says what the entry is where
+    that is not plain (the manifest's earlier one). The remote is untrusted: the stage table says
+    which stages an entry may name."""
     st = store()
     if not st.damage(name, key):
-        print(f"{name}:{recipe_name}: {key[:12]} already in the store", flush=True)
-        return True
+        print(f"{name}:{recipe_name}: {key[:12]}{what} already in the store", flush=True)
+        return "already in the store"
     if rem.fetch(st, name, key, table, lambda: print(f"{name}:{recipe_name}: another process is installing "
                                                      f"{key[:12]}; waiting", flush=True)):
-        print(f"{name}:{recipe_name}: {key[:12]} pulled", flush=True)
-        return True
-    return False
+        print(f"{name}:{recipe_name}: {key[:12]}{what} pulled", flush=True)
+        return "pulled"
+    return None
 
 
 def pull(recipe_name: str, table: dict, remote_url: str = ""):
-    st = store()
+    st, done = store(), {}
     try:
         rem = remote.configured(remote_url)
         for name, stage in table.items():
             key = keys.key_of(key_inputs(recipe_name, stage, table))
-            if not install(rem, recipe_name, name, key, table):
+            done[name, key] = install(rem, recipe_name, name, key, table)
+            if done[name, key] is None:
                 return TaskFailed(f"pull:{recipe_name}: {name} ({key[:12]}) is not in the remote {rem.url}; "
                                   f"build it with doit manifest:{recipe_name} (and push it)")
             st.set_pointer(recipe_name, name, key, st.sidecar(name, key)["digest"])
         for name, key in named_by_pulled_manifest(rem, recipe_name, table):
-            if not install(rem, recipe_name, name, key, table):
+            if (name, key) in done:  # said above: each entry once
+                continue
+            # an upstream rebuilt with the same bytes under a new key (early cutoff): the manifest names the first
+            done[name, key] = install(rem, recipe_name, name, key, table, " (the one the manifest names)")
+            if done[name, key] is None:
                 return TaskFailed(f"pull:{recipe_name}: the manifest names {name} {key[:12]}, which is not in the "
                                   f"remote {rem.url}: push it from the store that built it")
     except UserError as e:
@@ -111,6 +118,9 @@ def pull(recipe_name: str, table: dict, remote_url: str = ""):
     except OSError as e:
         return TaskFailed(f"pull:{recipe_name}: cannot read the remote {rem.url} ({e}); nothing half-installed: "
                           f"fix it and pull again")
+    pulled = sum(how == "pulled" for how in done.values())
+    print(f"pull:{recipe_name}: the recipe's build is in the store ({pulled} of {len(done)} entries pulled from "
+          f"{rem.url})", flush=True)
     return None
 
 

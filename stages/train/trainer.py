@@ -39,10 +39,11 @@ def trainable_model(base: Path, plan: dict, head: str, peft: str):
 
 
 def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, resume: Path | None, log,
-        run: dict) -> None:
+        run: dict, progress=None) -> None:
     """Train by the method (its row of stages/train/methods.py; its module's dataset and
     make_trainer) as the plan says, from `resume` if given, and save the artifact into `out`
-    (the first process only, when there are several)."""
+    (the first process only, when there are several). `progress` makes the step bar (the build's
+    Context.progress: on the console, drawn only on a terminal); None: tqdm's own."""
     from transformers import AutoTokenizer, set_seed
 
     os.environ.update(plan["env"])
@@ -51,11 +52,11 @@ def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, 
     tok = AutoTokenizer.from_pretrained(base)
     module = importlib.import_module(method.module)
     model = trainable_model(base, plan, method.head, t.peft)
-    log.info("base loaded in %s", "4-bit NF4 (bitsandbytes), bf16 compute" if getattr(model, "is_loaded_in_4bit", False)
+    log.debug("base loaded in %s", "4-bit NF4 (bitsandbytes), bf16 compute" if getattr(model, "is_loaded_in_4bit", False)
              else plan["dtype"])
     work.mkdir(parents=True, exist_ok=True)
     trainer = module.make_trainer(method, model, module.dataset(shards, tok), tok, plan, t, work)
-    train(trainer, plan, t.max_steps, resume, log, run)
+    train(trainer, plan, t.max_steps, resume, log, run, progress)
     save(trainer, tok, t.peft, method.logs, out)
 
 
@@ -104,12 +105,20 @@ def mark_complete_callback():
     return MarkComplete()
 
 
-def step_log_callback(log, max_steps: int):
+def step_log_callback(log, max_steps: int, progress=None):
     """The Trainer's progress bar (steps, ETA) with the loss in it: the one live line on the
-    console; each step's line goes to the stage log beside the artifact only (DEBUG)."""
+    console, made by `progress` where given; each step's line goes to the stage log beside the
+    artifact only (DEBUG)."""
     from transformers.trainer_callback import ProgressCallback
 
     class StepLog(ProgressCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if progress is None:
+                return super().on_train_begin(args, state, control, **kwargs)
+            if state.is_world_process_zero:
+                self.training_bar = progress(total=state.max_steps, dynamic_ncols=True)
+            self.current_step = 0
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 log.debug("step %d/%d loss %.4f grad_norm %.4f lr %.3g", state.global_step, max_steps,
@@ -128,14 +137,14 @@ def last_complete_checkpoint(work: Path) -> Path | None:
     return next((p for p in reversed(saved) if (p / COMPLETE).exists()), None)
 
 
-def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: dict) -> None:
+def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: dict, progress=None) -> None:
     """Run the trainer to max_steps inside the plan's training context, resuming from `resume`
     (last_complete_checkpoint of the work dir, found once before any process starts); run-time
     figures go into `run`."""
     from transformers.trainer_callback import ProgressCallback
 
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(step_log_callback(log, max_steps))
+    trainer.add_callback(step_log_callback(log, max_steps, progress))
     trainer.add_callback(mark_complete_callback())
     if resume:
         log.info("resuming from %s", resume.name)

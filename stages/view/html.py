@@ -23,7 +23,7 @@ by transaction <code>{{ anchor.tx_hash }}</code>, block {{ anchor.block_number }
 {% else %}<p id="anchor">not anchored</p>{% endif %}
 
 <h2>Evaluation</h2>
-<p>{{ heldout_rows }} held-out rows.</p>
+<p id="scored">{% if heldout_rows < kept.heldout %}Scored on {{ heldout_rows }} of the {{ kept.heldout }} held-out rows{% if limit and limit < kept.heldout %}: eval.limit ({{ limit }}) caps how many are scored{% endif %}{% if too_long %}{{ ";" if limit and limit < kept.heldout else ":" }} {{ too_long }} longer than the model's context left out{% endif %}.{% else %}Scored on all {{ heldout_rows }} held-out rows.{% endif %}</p>
 <table id="eval"><tr><th>model</th>{% for m in metrics %}<th>{{ m }}</th>{% endfor %}</tr>
 {% for name, scores in models %}<tr><td>{{ name }}</td>{% for m in metrics %}<td class="n">{{ fmt(scores.get(m)) }}</td>{% endfor %}</tr>
 {% endfor %}</table>
@@ -37,19 +37,17 @@ by transaction <code>{{ anchor.tx_hash }}</code>, block {{ anchor.block_number }
 {% for source, n in rows_in %}<tr><td>{{ source }}</td><td class="n">{{ n }}</td></tr>{% endfor %}
 <tr><th>kept for training</th><td class="n">{{ kept.train }}</td></tr>
 <tr><th>kept held out</th><td class="n">{{ kept.heldout }}</td></tr>
+<tr><th>held out, scored by eval</th><td class="n">{{ heldout_rows }}</td></tr>
 </table>
 <table id="drops"><tr><th>dropped because</th><th>rows</th></tr>
 {% for reason, n in drops %}<tr><td>{{ reason }}</td><td class="n">{{ n }}</td></tr>
 {% else %}<tr><td colspan="2">no row dropped</td></tr>{% endfor %}
 </table>
-{% if dropped_rows %}<p>First dropped rows (all of them: <code>shards/dropped.jsonl</code>):</p>
-<table id="dropped-rows"><tr><th>source</th><th>row</th><th>reason</th><th>duplicate of</th></tr>
-{% for d in dropped_rows %}<tr><td>{{ d.source }}</td><td class="n">{{ d.line or d.row }}</td><td>{{ d.reason }}</td><td>{{ d.duplicate_of }}</td></tr>
-{% endfor %}</table>{% endif %}
 <p>{% if sequences %}{{ sequences }} packed sequences of {{ sequence_length }} tokens, {{ tokens }} tokens, packing efficiency {{ fmt(packing) }}{% else %}{{ kept.train }} training rows kept whole (not packed), {{ tokens }} tokens{% endif %}.</p>
 
 <h2>Plan</h2>
 <table id="decisions">{% for k, v in decisions %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
+{% if gpu_only %}<p id="gpu-only">Planned for the CPU: what only a GPU plan decides ({{ gpu_only|join(", ") }}) does not apply and is left out.</p>{% endif %}
 {% if measurements %}<p>The probe's measurements ({{ measurements|length }}):</p>
 <table id="probe"><tr>{% for c in probe_columns %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for m in measurements %}<tr>{% for c in probe_columns %}<td>{{ m.get(c, "") }}</td>{% endfor %}</tr>
@@ -59,6 +57,13 @@ by transaction <code>{{ anchor.tx_hash }}</code>, block {{ anchor.block_number }
 <table id="stages"><tr><th>stage</th><th>key</th><th>digest</th><th>wall time (s)</th></tr>
 {% for s in stages %}<tr><td>{{ s.name }}</td><td><code>{{ s.key }}</code></td><td><code>{{ s.digest[:16] }}</code></td><td class="n">{{ fmt(s.seconds) }}</td></tr>
 {% endfor %}</table>
+{% if dropped_rows %}
+<h2>Dropped rows</h2>
+{% set dropped_total = drops|sum(attribute=1) %}<details id="dropped"><summary>{% if dropped_rows|length < dropped_total %}The first {{ dropped_rows|length }} of the {{ dropped_total }} dropped rows (all of them: <code>shards/dropped.jsonl</code>){% else %}The {{ dropped_total }} dropped rows (also in <code>shards/dropped.jsonl</code>){% endif %}</summary>
+<table id="dropped-rows"><tr><th>source</th><th>row</th><th>reason</th><th>duplicate of</th></tr>
+{% for d in dropped_rows %}<tr><td>{{ d.source }}</td><td class="n">{{ d.line or d.row }}</td><td>{{ d.reason }}</td><td>{{ d.duplicate_of }}</td></tr>
+{% endfor %}</table>
+</details>{% endif %}
 </body></html>
 """
 
