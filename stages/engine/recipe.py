@@ -132,7 +132,7 @@ class LoraSection(Section):
 
 
 class TrainSection(Section):
-    method: Literal["sft", "cpt", "dpo", "orpo", "grpo", "reward", "kto"] = "sft"
+    method: Literal["sft", "cpt", "dpo", "orpo", "grpo", "gspo", "reward", "kto"] = "sft"
     peft: Literal["none", "lora", "qlora"] = "none"  # qlora: LoRA over the base loaded in 4-bit NF4 (CUDA)
     lora: LoraSection = LoraSection()
     lr: float = Field(1e-3, gt=0)
@@ -144,9 +144,9 @@ class TrainSection(Section):
     save_steps: int = Field(25, gt=0)
     seed: int = 0
     beta: float = Field(0.1, gt=0)  # dpo, kto: KL strength; orpo: the odds-ratio term's weight
-    reward: str = "exact_answer"  # grpo: a name in stages/train/verifiers.py's REWARDS
-    num_generations: int = Field(4, gt=1)  # grpo: completions sampled per prompt
-    max_completion_length: int = Field(16, gt=0)  # grpo: tokens generated per completion
+    reward: str = "exact_answer"  # grpo, gspo: a name in stages/train/verifiers.py's REWARDS
+    num_generations: int = Field(4, gt=1)  # grpo, gspo: completions sampled per prompt
+    max_completion_length: int = Field(16, gt=0)  # grpo, gspo: tokens generated per completion
 
     @property
     def global_batch(self) -> int:

@@ -28,10 +28,12 @@ def reward_for_trainer(name: str):
     return reward
 
 
-def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
+def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, **settings):
+    """GRPOTrainer as the row, plan and recipe say; `settings` are further GRPOConfig fields, for a
+    method that is GRPO with other settings of TRL's (stages/train/gspo.py)."""
     config, grpo_trainer = method.trl()
     args = config(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
-                  max_completion_length=t.max_completion_length)
+                  max_completion_length=t.max_completion_length, **settings)
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                            processing_class=tok, peft_config=peft_config(t, method.peft_task))
     generate_eagerly(trainer.model, plan)

@@ -67,6 +67,9 @@ METHODS = {m.name: m for m in [
            "trl.experimental.orpo.ORPOConfig", PREFERENCE, sequences=2, logs=("rewards/margins", "rewards/accuracies")),
     Method("grpo", "stages.train.grpo", "prompt", "trl.GRPOTrainer", "trl.GRPOConfig", ("reward", "exact_match"),
            sampled=True, logs=("reward", "reward_std")),
+    # GRPO's trainer with one importance ratio per sequence (its module sets GRPOConfig as TRL documents GSPO)
+    Method("gspo", "stages.train.gspo", "prompt", "trl.GRPOTrainer", "trl.GRPOConfig", ("reward", "exact_match"),
+           sampled=True, logs=("reward", "reward_std")),
     Method("reward", "stages.train.reward", "preference", "trl.RewardTrainer", "trl.RewardConfig",
            ("reward_accuracy", "reward_margin"), sequences=2, head="score", logs=("accuracy", "margin")),
     # unpaired rows: one completion per example (the KL estimate's forward runs without gradients)

@@ -1,7 +1,7 @@
 """prompt: prompts with a reference answer, {"prompt": [messages], "reference": str}, from chat,
 alpaca and prompt rows (the last assistant turn is the reference); the prompt rendered with the
 generation prompt and tokenized, nothing learned (the answer is sampled in training), one row
-each (ragged) with its reference beside it. Trains grpo. Held out: the mean reward
+each (ragged) with its reference beside it. Trains grpo and gspo. Held out: the mean reward
 (train.reward, stages/train/verifiers.py) of the greedy answer, and its exact match."""
 from __future__ import annotations
 
