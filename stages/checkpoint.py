@@ -30,6 +30,8 @@ def build(ctx, out: Path) -> None:
     method = METHODS[t.method]
     plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
     resume = trainer.last_complete_checkpoint(ctx.work)
+    if resume:  # said here, where the console is, for in-process and torchrun training alike
+        ctx.log.info("resuming from %s", resume.name)
     if plan["processes"] == 1 and not distributed.one_of_several_gpus(plan, torch.cuda.device_count()):
         trainer.fit(method, ctx.upstream["base"], ctx.upstream["shards"], plan, t, ctx.work, out, resume, ctx.log,
                     ctx.run, ctx.progress)

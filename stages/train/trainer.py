@@ -147,7 +147,6 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
     trainer.add_callback(step_log_callback(log, max_steps, progress))
     trainer.add_callback(mark_complete_callback())
     if resume:
-        log.info("resuming from %s", resume.name)
         run["resumed_from_step"] = int(resume.name.split("-")[-1])
     with training_context(trainer, plan):
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
