@@ -36,7 +36,8 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
-from stages.inference.generation import Answer, ServedModel, Settings
+from stages.inference.batching import Generated
+from stages.inference.generation import ServedModel, Settings
 
 # Text averages about 4 characters a token (code 3-4, Chinese 2.5; at most 6 in 5,000 real conversations
 # through Qwen3's tokenizer): at 16 only padding (long runs of one character) that fits could be refused.
@@ -52,7 +53,7 @@ MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
 # Llama 3's "<|start_header_id|>user<|end_header_id|>" is 40).
 MAX_STOP_CHARS = 64
 MAX_TOKENS = 2**31 - 1  # max_tokens: a 32-bit count, beyond any context; past the context it is 400 as well
-SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # OpenAI's seed is a 64-bit integer; torch.manual_seed takes it
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # OpenAI's seed is a 64-bit integer (accepted; the batch shares one generator)
 TIME_LIMIT_S = 60.0  # one generation's wall time, queued and decoding: a minute is thousands of GPU tokens
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
@@ -245,7 +246,7 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
         answer = await unless_gone(request, lambda cancel: model.complete(ids, settings, cancel))
         return {**reply, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
-                             "finish_reason": answer.finish_reason, "logprobs": None}],
+                             "finish_reason": answer.finish, "logprobs": None}],
                 "usage": usage(len(ids), answer)}
 
     return app
@@ -274,12 +275,12 @@ def decoding(req: ChatRequest, prompt_tokens: int, context: int, time_limit: flo
                        "messages", "context_length_exceeded")
     stop = [req.stop] if isinstance(req.stop, str) else [s for s in (req.stop or []) if s]
     return Settings(max_new_tokens=asked or room, temperature=1.0 if req.temperature is None else req.temperature,
-                    top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed, stop=stop, time_limit=time_limit)
+                    top_p=1.0 if req.top_p is None else req.top_p, stop=stop, time_limit=time_limit)
 
 
-def usage(prompt_tokens: int, answer: Answer) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": answer.completion_tokens,
-            "total_tokens": prompt_tokens + answer.completion_tokens}
+def usage(prompt_tokens: int, answer: Generated) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.ids),
+            "total_tokens": prompt_tokens + len(answer.ids)}
 
 
 async def chunks(model: ServedModel, ids: list[int], settings: Settings, reply: dict, include_usage: bool):
@@ -295,8 +296,8 @@ async def chunks(model: ServedModel, ids: list[int], settings: Settings, reply: 
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for piece in iterate_in_threadpool(model.stream(ids, settings, cancel)):
-            if isinstance(piece, Answer):
-                yield chunk({}, piece.finish_reason)
+            if isinstance(piece, Generated):
+                yield chunk({}, piece.finish)
                 if include_usage:
                     yield {"data": json.dumps({**head, "choices": [], "usage": usage(len(ids), piece)})}
             else:

@@ -25,20 +25,12 @@ class Settings:
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
-    seed: int | None = None  # sampled requests share the batch's generator: only greedy answers repeat
     stop: list[str] = field(default_factory=list)
     time_limit: float = math.inf  # seconds from the request's start to its last token
 
     def sampling(self) -> Sampling:
         return Sampling(self.max_new_tokens, self.temperature, self.top_p, self.stop,
                         time.monotonic() + self.time_limit)
-
-
-@dataclass
-class Answer:
-    text: str
-    finish_reason: str  # "stop" (end of turn or a stop string) or "length"
-    completion_tokens: int
 
 
 def load(s: Served) -> "ServedModel":
@@ -50,10 +42,6 @@ def load(s: Served) -> "ServedModel":
     if s.checkpoint is not None:
         return ServedModel(load_trained(s.checkpoint, s.tokenizer), tok)
     return ServedModel(AutoModelForCausalLM.from_pretrained(s.weights, **placement()), tok)
-
-
-def answer(g: Generated) -> Answer:
-    return Answer(g.text, g.finish, len(g.ids))
 
 
 class ServedModel:
@@ -75,21 +63,21 @@ class ServedModel:
         eos = self.model.generation_config.eos_token_id
         return set(eos if isinstance(eos, list) else [eos]) | {self.tok.eos_token_id}
 
-    def complete(self, ids: list[int], s: Settings, cancel: threading.Event | None = None) -> Answer:
+    def complete(self, ids: list[int], s: Settings, cancel: threading.Event | None = None) -> Generated:
         for piece in self.engine.tokens(ids, s.sampling(), cancel):
             if isinstance(piece, Generated):
-                return answer(piece)
+                return piece
         raise AssertionError("the engine ends every request with its answer")
 
     def stream(self, ids: list[int], s: Settings, cancel: threading.Event):
-        """Yields pieces of text as they are decoded, then the Answer (its text the pieces joined).
+        """Yields pieces of text as they are decoded, then the Generated answer (its text the pieces joined).
         A piece that could be the start of a stop string is held back until it is known not to be."""
         sent, hold = 0, max((len(x) for x in s.stop), default=1) - 1
         for piece in self.engine.tokens(ids, s.sampling(), cancel):
             if isinstance(piece, Generated):
                 if len(piece.text) > sent:
                     yield piece.text[sent:]
-                yield answer(piece)
+                yield piece
                 return
             safe = len(piece.rstrip("\ufffd")) - hold  # a character whose bytes are not all decoded yet waits
             if safe > sent:
