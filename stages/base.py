@@ -11,6 +11,7 @@ from pathlib import Path
 
 from stages.engine.errors import RecipeError, UserError
 from stages.model.tiny import build_from_config
+from stages.model.trained import device
 
 MODEL_FILE_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
 
@@ -29,18 +30,20 @@ def copy_model_dir(src: Path, out: Path) -> None:
 
 def extra_inputs(recipe, root: Path, store) -> dict:
     """A local model dir, or the tokenizer dir a config names, is an input: its content, not
-    its path, goes into the key."""
+    its path, goes into the key; a config-built model's bytes also depend on the device whose
+    random numbers made them (stages/model/tiny.py)."""
     m = recipe.model
+    made_on = {"device": device()} if m.config is not None else {}
     name, path = (("model.path", m.path) if m.path is not None else
                   ("model.config.tokenizer", m.config.tokenizer if m.config else None))
     if path is None:
-        return {}
+        return made_on
     src = root / path
     if not src.is_dir():
         raise RecipeError(name, f"{path} is not a directory; correct the path (relative to the project) or put the "
                                 f"model there")
-    return {p.name: store.stat.digest(p) for p in sorted(src.iterdir())
-            if p.is_file() and any(p.match(pat) for pat in MODEL_FILE_PATTERNS)}
+    return {**made_on, **{p.name: store.stat.digest(p) for p in sorted(src.iterdir())
+                          if p.is_file() and any(p.match(pat) for pat in MODEL_FILE_PATTERNS)}}
 
 
 def build(ctx, out: Path) -> None:

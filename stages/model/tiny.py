@@ -3,7 +3,11 @@ weights from a fixed seed. The tiny default gets a character-level tokenizer wit
 tokens made here, so it needs no download; a recipe that names a tokenizer directory (e.g.
 Qwen3's own) gets that tokenizer and its vocabulary instead, at any size up to Qwen3-8B's
 shape, for GPU runs where real weights cannot be fetched. Nothing about real models depends
-on the character-level tokenizer."""
+on the character-level tokenizer.
+
+Where a CUDA GPU is visible the weights are made on it (an 8B shape in seconds, where the CPU
+takes minutes): the same bytes on every run on the same kind of GPU, other bytes than the CPU's
+(its random numbers differ), so the base stage's key names the device (stages/base.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,8 +55,32 @@ def build_from_config(cfg, out: Path, root: Path = Path(".")) -> None:
         bos_token_id=None, eos_token_id=eos, pad_token_id=tok.pad_token_id, dtype=cfg.dtype,
         **({"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
             "moe_intermediate_size": cfg.moe_intermediate_size} if moe else {}))
-    torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
+    torch.manual_seed(cfg.seed)  # seeds the GPU's generator too
+    device = init_device(config, getattr(torch, cfg.dtype))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id, do_sample=False)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def init_device(config, dtype) -> str:
+    """Where from_config makes the weights: "cuda" when a GPU is visible, else "cpu". A model whose
+    weights would not fit the GPU's memory is refused (not moved to the CPU, which would write other
+    bytes under the same key)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    with torch.device("meta"):
+        shape = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    need = sum(p.numel() * p.element_size() for p in shape.parameters())
+    total = torch.cuda.get_device_properties(0).total_memory
+    if need > 0.9 * total:
+        from stages.engine.errors import UserError
+
+        raise UserError(f"model.config: {need / 1e9:.1f} GB of weights do not fit the GPU's {total / 1e9:.1f} GB, "
+                        f"where a config-built base is made; build the base on a larger GPU, or on the CPU "
+                        f"(CUDA_VISIBLE_DEVICES= doit base:<recipe>)")
+    return "cuda"
