@@ -13,7 +13,7 @@ from __future__ import annotations
 from stages.engine.recipe import Recipe
 from stages.engine.stage import Stage
 
-MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "tokenizer*",
+MODEL_FILES = ("config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer*",
                "chat_template.jinja", "special_tokens_map.json")
 TOKENIZER_FILES = ("tokenizer*", "chat_template.jinja", "special_tokens_map.json")
 TRAINED = ("model/*", "adapter/*")
