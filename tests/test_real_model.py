@@ -70,3 +70,31 @@ def test_a_hub_model_that_cannot_be_fetched_fails_in_one_line(warm):
     assert line.startswith("error: recipes/hubbed.yaml: model.hub Qwen/Qwen3-8B@b968826d9c46dd6066d109eabc6255188de91218 "
                            "cannot be fetched (")
     assert line.endswith("or download it once and point model.path at that directory")
+
+
+def test_a_model_directory_saved_in_shards_trains(warm):
+    """Models over save_pretrained's shard size (every hub model of a few GB, a 32B shape built
+    here) come as model-0000N-of-0000M.safetensors with model.safetensors.index.json: the
+    checkpoint stage reads the index too (it once linked the shards alone, and loading failed)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = artifact(warm, "base", "tiny")
+    sharded = warm / "models" / "tiny-sharded"
+    AutoModelForCausalLM.from_pretrained(base).save_pretrained(sharded, max_shard_size="200KB")
+    AutoTokenizer.from_pretrained(base).save_pretrained(sharded)
+    assert (sharded / "model.safetensors.index.json").is_file() and len(list(sharded.glob("*.safetensors"))) > 1
+    recipe = yaml.safe_load((warm / "recipes" / "tiny.yaml").read_text())
+    recipe["model"] = {"path": "models/tiny-sharded"}
+    recipe["train"].update(max_steps=2, save_steps=2)
+    (warm / "recipes" / "sharded.yaml").write_text(yaml.safe_dump(recipe))
+    run = doit(warm, "checkpoint:sharded")
+    assert run.rc == 0, run.out[-3000:]
+    assert (artifact(warm, "checkpoint", "sharded") / "model" / "config.json").is_file()
+
+
+def test_a_config_built_base_is_keyed_by_the_device_that_made_it(warm):
+    """Random weights made on a GPU differ from the CPU's (stages/model/tiny.py): the base's key
+    names the device, so a GPU machine never takes a CPU-made base from a shared cache for its own."""
+    key = json.loads((warm / "artifacts" / "tiny" / "base.json").read_text())["key"]
+    inputs = json.loads((warm / "artifacts" / "store" / "base" / f"{key}.json").read_text())["inputs"]
+    assert inputs["extra"]["device"] == "cpu"
