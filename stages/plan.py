@@ -7,7 +7,8 @@ On CPU the decisions follow from the device facts; on a GPU (CUDA or ROCm) they 
 from stages/train/autotune.py's probe: real training steps per candidate, inside
 autotune.budget_seconds. The recipe's global batch is kept exact: with hardware.gpus > 1
 (times the nodes of a multi-node launch) each process takes an equal share of it, and
-micro-batch x accumulation x processes == the recipe's micro-batch x accumulation.
+micro-batch x accumulation x processes == the recipe's micro-batch x accumulation. A GPU plan
+also records how its processes shard the model (`sharding`: FSDP2's settings, or null for one).
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def build(ctx, out: Path) -> None:
         "env": env_block(ctx.root, r.hardware.profile),
     }
     if facts["device"] == "cuda":
-        decisions.update(dtype="bfloat16", gradient_checkpointing="full")
+        decisions.update(dtype="bfloat16", gradient_checkpointing="full", sharding=settings.sharding(processes, "cuda"))
         if r.autotune.enabled:
             found = autotune.probe(ctx.upstream["base"], r, ctx.log, micro * accumulation)
             ctx.run["probe"] = found

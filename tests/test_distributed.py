@@ -6,7 +6,9 @@ loopback rendezvous) build what two processes on one node build."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -177,3 +179,62 @@ def test_a_single_child_process_writes_what_training_in_process_writes(trained, 
     files = sorted(str(p.relative_to(in_process)) for p in in_process.rglob("*") if p.is_file())
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == files
     assert all((out / f).read_bytes() == (in_process / f).read_bytes() for f in files if f.endswith(".safetensors"))
+
+
+def method_recipe(base: str, gpus: int, steps: int) -> str:
+    """recipes/<base>.yaml for `steps` steps, saved every 3, in `gpus` processes."""
+    text = (REPO / "recipes" / f"{base}.yaml").read_text()
+    text = re.sub(r"  max_steps: \d+\n", f"  max_steps: {steps}\n", text)
+    text = re.sub(r"  save_steps: \d+\n", "  save_steps: 3\n", text)
+    return text.replace("  profile: cpu\n", f"  profile: cpu\n  gpus: {gpus}\n")
+
+
+@pytest.fixture(scope="module")
+def methods(trained):
+    """DPO (6 steps) and GRPO (4 steps, from tiny's SFT model) trained in 1 and in 2 processes."""
+    project, _ = trained
+    assert doit(project, "checkpoint:tiny").rc == 0  # GRPO's starting model
+    for base, steps in (("tiny_dpo", 6), ("tiny_grpo", 4)):
+        for gpus in (1, 2):
+            name = f"{base}_gpus{gpus}"
+            (project / "recipes" / f"{name}.yaml").write_text(method_recipe(base, gpus, steps))
+            run = doit(project, f"checkpoint:{name}")
+            assert run.rc == 0, run.out[-3000:]
+            assert gpus == 1 or "training in 2 processes" in run.out
+    return project
+
+
+def test_dpo_in_two_processes_matches_one(methods):
+    """Each process takes half of each step's pairs; the losses and reward margins are one
+    process's up to fp32 summation order (measured 1e-6 on CPU)."""
+    def metrics(name):
+        return [json.loads(line) for line in (artifact(methods, "checkpoint", name) / "metrics.jsonl").read_text().splitlines()]
+
+    one, two = metrics("tiny_dpo_gpus1"), metrics("tiny_dpo_gpus2")
+    assert len(one) == len(two) == 6
+    assert one[-1]["loss"] < one[0]["loss"] - 0.1  # it learns, so matching means something
+    for key in ("loss", "rewards/margins"):
+        assert max(abs(a[key] - b[key]) for a, b in zip(one, two)) < 1e-4, key
+    assert tensors(methods, "tiny_dpo_gpus1") == tensors(methods, "tiny_dpo_gpus2")
+
+
+def test_grpo_in_two_processes_trains_and_writes_what_one_writes(methods):
+    """Each process samples the completions of its half of the prompts from its own random
+    stream, so the two runs draw different completions and their losses cannot match step for
+    step (as DPO's do); both finish every step with finite figures and write the same tensors."""
+    rows = [json.loads(line) for line in
+            (artifact(methods, "checkpoint", "tiny_grpo_gpus2") / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) and 0 <= r["reward"] <= 1 for r in rows)
+    assert tensors(methods, "tiny_grpo_gpus1") == tensors(methods, "tiny_grpo_gpus2")
+
+
+def test_the_plan_of_several_gpu_processes_names_its_sharding():
+    """plan.json's `sharding` is what the Trainer is given: FSDP2 for several GPU processes,
+    nothing (DDP over gloo) on the CPU or for one process."""
+    from stages.train.settings import sharding
+    from stages.train.trainer import distributed_args
+
+    fsdp = distributed_args({"sharding": sharding(4, "cuda")})
+    assert fsdp["fsdp"] is True and fsdp["fsdp_config"]["version"] == 2
+    assert distributed_args({"sharding": sharding(1, "cuda")}) == distributed_args({"sharding": sharding(2, "cpu")}) == {}

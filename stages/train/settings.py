@@ -23,6 +23,17 @@ def nodes() -> int:
     return int(value)
 
 
+def sharding(processes: int, device: str) -> dict | None:
+    """How the plan shards a run of several GPU processes: FSDP2 through the Trainer's accelerate
+    (parameters, gradients and optimizer state sharded per decoder layer, resharded after each
+    forward, the full weights gathered for saving); None for one process, and on CPU, where
+    accelerate 1.15 turns its FSDP plugin on only for accelerator devices (AcceleratorState
+    leaves a CPU run MULTI_CPU, and would ignore an fsdp_config): the processes run DDP over gloo."""
+    if processes == 1 or device == "cpu":
+        return None
+    return {"version": 2, "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT"}
+
+
 def lora_config(t, task_type: str = "CAUSAL_LM"):
     """PEFT's LoraConfig from the recipe's train section (its lora and the method's task:
     SEQ_CLS for a reward model, whose new scoring head PEFT then trains in full)."""

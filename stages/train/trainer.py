@@ -61,14 +61,8 @@ def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, 
 
 
 def distributed_args(plan: dict) -> dict:
-    """More than one process on CUDA: FSDP2 through the Trainer's accelerate (parameters, gradients
-    and optimizer state sharded per decoder layer, the full weights gathered for saving). On CPU
-    accelerate 1.15 turns its FSDP plugin on only for accelerator devices (AcceleratorState leaves
-    a CPU run MULTI_CPU, and would ignore an fsdp_config), so the processes run DDP over gloo."""
-    if plan["processes"] == 1 or plan["device"] == "cpu":
-        return {}
-    return {"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True,
-                                          "state_dict_type": "FULL_STATE_DICT"}}
+    """The Trainer's arguments for the sharding plan.json records (none: one process, or DDP)."""
+    return {"fsdp": True, "fsdp_config": plan["sharding"]} if plan.get("sharding") else {}
 
 
 def plan_args(plan: dict, t, output_dir: Path) -> dict:
@@ -129,6 +123,30 @@ def step_log_callback(log, max_steps: int, progress=None):
     return StepLog()
 
 
+def step_clock_callback(seconds: list):
+    """Each optimizer step's wall time, the interval between the ends of consecutive steps with
+    the GPU drained (the step's loss is read for the log right after anyway, so this adds no
+    wait): the run's tokens/s without the start-up, load and save that train_runtime holds."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        last = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            if self.last is not None:
+                seconds.append(round(now - self.last, 4))
+            self.last = now
+
+    return StepClock()
+
+
 def last_complete_checkpoint(work: Path) -> Path | None:
     """The newest fully saved checkpoint; partial ones from a kill are removed."""
     saved = sorted(work.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
@@ -146,6 +164,8 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(step_log_callback(log, max_steps, progress))
     trainer.add_callback(mark_complete_callback())
+    run["step_seconds"] = []  # from the second step on (the first has no start to measure from)
+    trainer.add_callback(step_clock_callback(run["step_seconds"]))
     if resume:
         run["resumed_from_step"] = int(resume.name.split("-")[-1])
     with training_context(trainer, plan):
@@ -157,12 +177,27 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
         run["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
 
 
+def gathered_state(trainer, peft: str) -> dict | None:
+    """Under FSDP, the weights to save, gathered whole by every process together (None without
+    FSDP: the model holds them). An adapter's are its trainable tensors alone: gathering the
+    whole sharded model (the Accelerator's get_state_dict) to keep a few MB of LoRA held a
+    2-GPU 8B run for minutes after its last step."""
+    if not trainer.is_fsdp_enabled:
+        return None
+    if peft == "none":
+        return trainer.accelerator.get_state_dict(trainer.model)
+    from torch.distributed.tensor import DTensor
+
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
+            for name, p in trainer.model.named_parameters() if p.requires_grad}
+
+
 def save(trainer, tok, peft: str, logs: tuple[str, ...], out: Path) -> None:
     """metrics.jsonl (loss per step, and the method's own figures: `logs`) and the weights:
     model/ for full training, or the standard PEFT adapter/ with nothing machine-specific in it.
     Under FSDP every process takes part in gathering the full weights; the first process alone
     writes, as one process would."""
-    state = trainer.accelerator.get_state_dict(trainer.model) if trainer.is_fsdp_enabled else None
+    state = gathered_state(trainer, peft)
     if not trainer.is_world_process_zero():
         return
     with open(out / "metrics.jsonl", "w") as f:
