@@ -182,6 +182,7 @@ def peer_child(spec_path: str) -> None:
 
     from stages.data.rows import Refused
     from stages.data.template import encode_chats
+    from stages.train.settings import sharding
     from stages.train.trainer import distributed_args, step_clock_callback
 
     spec = json.loads(Path(spec_path).read_text())
@@ -203,7 +204,7 @@ def peer_child(spec_path: str) -> None:
                      padding_free=True, bf16=DEVICE == "cuda", use_cpu=DEVICE == "cpu", learning_rate=1e-4,
                      warmup_steps=1, logging_steps=1, report_to="none", save_strategy="no", seed=spec["seed"],
                      data_seed=spec["seed"], dataloader_num_workers=0,
-                     **distributed_args({"processes": world, "device": DEVICE}))
+                     **distributed_args({"sharding": sharding(world, DEVICE)}))
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(docs), processing_class=tok,
                          peft_config=lora if spec["peft"] == "lora" else None)
