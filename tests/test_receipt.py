@@ -125,3 +125,26 @@ def test_an_upstream_rebuilt_to_the_same_bytes_under_a_new_key_makes_a_new_recei
     assert recorded["quantized"]["key"] == json.loads((art / "quantized.json").read_text())["key"]
     run = doit(warm, "verify:tiny", "--full")
     assert run.rc == 0 and verify_lines(run) == ["verify: tiny: intact (every byte re-read)"], run.out[-2000:]
+
+
+def test_a_receipt_with_malformed_artifacts_fails_in_one_line_each(warm):
+    """A hostile receipt's `artifacts` of the wrong shape (not a mapping, an entry that is not one,
+    a key that is not a key, a path out of the store) fails verify with a line naming what is
+    wrong: no traceback, nothing read outside the store."""
+    shapes = [
+        lambda m: m.update(artifacts=["base", "plan"]),
+        lambda m: m["artifacts"].update(plan="not an artifact"),
+        lambda m: m["artifacts"]["plan"].update(key=["not", "a", "key"]),
+        lambda m: m["artifacts"]["plan"].update(key="../../../../../../etc/hostname"),
+        lambda m: m["artifacts"].update({"../escape": dict(m["artifacts"]["plan"])}),
+    ]
+    for edit in shapes:
+        project = warm.parent / f"malformed{shapes.index(edit)}"
+        import shutil
+
+        shutil.copytree(warm, project, symlinks=True)
+        forge(project, edit)
+        run = doit(project, "verify:tiny")
+        assert run.rc != 0
+        assert "Traceback" not in run.out, run.out[-3000:]
+        assert verify_lines(run), run.out[-2000:]

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from stages.engine import keys
 from stages.engine.build import context
 from stages.engine.inputs import code_files
+from stages.engine.names import is_digest, named, path_problem
 from stages.engine.project import store
 from stages.engine.recipe import Recipe
 from stages.engine.stage import module
@@ -51,6 +52,22 @@ def at(value, dotted: str):
 
 FIELDS = {"params": "recipe", "env": "version of", "code": "code", "upstream": "upstream", "extra": "input",
           "upstream_keys": "key of"}
+
+
+def shape_problem(manifest, table: dict) -> str | None:
+    """Why a manifest's `artifacts` cannot be read as a receipt (None if it can): a forged one's
+    stage names, keys and file paths become store paths (stages/engine/names.py)."""
+    artifacts = manifest.get("artifacts") if isinstance(manifest, dict) else None
+    if not isinstance(artifacts, dict):
+        return "its artifacts are not a mapping of stage to artifact; rebuild the manifest"
+    for stage, art in artifacts.items():
+        if not isinstance(art, dict) or not named(stage, art.get("key"), table):
+            return f"its artifacts name {shown(str(stage))} with no key of 32 hex digits, or no such stage"
+        files = art.get("files")
+        if not isinstance(files, dict) or not all(isinstance(rel, str) and path_problem(rel) is None and is_digest(d)
+                                                  for rel, d in files.items()):
+            return f"its {stage} artifact's files are not relative paths inside the artifact with BLAKE3 digests"
+    return None
 
 
 def own_inputs(manifest: dict) -> dict:

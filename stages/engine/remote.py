@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-import ntpath
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -27,6 +25,7 @@ import fsspec.core
 
 from stages.engine import keys
 from stages.engine.errors import UserError
+from stages.engine.names import is_digest, named, path_problem
 from stages.engine.store import Store, hash_file, merkle
 
 SETTING = "MINDXTRAIN_REMOTE"
@@ -48,9 +47,6 @@ FILE_CAP = 1 << 40
 # room for deeper recipes and stays far below Python's recursion limit, which key_of's json.dumps
 # of the inputs would otherwise meet.
 DEPTH_CAP = 32
-NAME_CAP = 255  # bytes in one path component: the longest file name Linux filesystems allow
-KEY = re.compile(r"[0-9a-f]{32}")  # keys.key_of: BLAKE3, 32 lowercase hex characters
-DIGEST = re.compile(r"[0-9a-f]{64}")  # a whole BLAKE3 hexdigest
 ENTRY_FIELDS = {"stage", "key", "sidecar", "sizes", "log", "also"}
 SIDECAR_FIELDS = {"inputs", "run", "files", "digest"}  # "run" (measurements) is optional
 NAMED = "a stage of the stage table with a key of 32 lowercase hex characters"
@@ -67,23 +63,6 @@ def quoted(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def path_problem(rel: str) -> str | None:
-    """Why rel cannot name a file inside an object, None where it can: a relative POSIX path,
-    normalized, of printable characters, that no OS reads as absolute or on a drive."""
-    if not rel.isprintable():  # NUL, newline, other control characters, unpaired surrogates
-        return "holds an unprintable character"
-    if "\\" in rel:
-        return "holds a backslash"
-    if rel.startswith("/") or ntpath.splitdrive(rel)[0]:
-        return "is absolute or on a drive"
-    parts = rel.split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        return "has an empty, . or .. part"
-    if any(len(part.encode()) > NAME_CAP for part in parts):
-        return f"has a part longer than {NAME_CAP} bytes"
-    return None
-
-
 def too_deep(value) -> bool:
     """Whether a parsed JSON value nests more than DEPTH_CAP lists and objects, found with a stack of
     iterators, not recursion, so that how deep it is cannot exhaust Python's stack."""
@@ -98,18 +77,8 @@ def too_deep(value) -> bool:
     return bool(stack)
 
 
-def named(stage, key, stages) -> bool:
-    """Whether a (stage, key) read from the remote can name an entry: a stage of the stage table
-    (`stages`) and a key of the form keys.key_of gives, so that neither can lead out of the store."""
-    return isinstance(stage, str) and stage in stages and isinstance(key, str) and KEY.fullmatch(key) is not None
-
-
 def is_size(value) -> bool:
     return type(value) is int and 0 <= value <= FILE_CAP
-
-
-def is_digest(value) -> bool:
-    return isinstance(value, str) and DIGEST.fullmatch(value) is not None
 
 
 def checked(data: bytes, stage: str, key: str, stages, where: str) -> dict:

@@ -11,7 +11,7 @@ import json
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import keys, remote
+from stages.engine import keys, names, remote
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs
 from stages.engine.project import recipe_tasks, store
@@ -48,7 +48,7 @@ def named_by_pulled_manifest(rem, recipe_name: str, table: dict) -> list[tuple[s
         raise remote.Rejected(f"{where}: its manifest.json is not a manifest ({type(e).__name__}); nothing fetched "
                               f"for it: push it again from a store that has it intact") from None
     for name, key in named:
-        if not remote.named(name, key, table):
+        if not names.named(name, key, table):
             raise remote.Rejected(f"{where}: its manifest names {remote.quoted(name)} {remote.quoted(key)}, not "
                                   f"{remote.NAMED}; nothing fetched for it: push it again from a store that has it "
                                   f"intact")

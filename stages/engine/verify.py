@@ -29,7 +29,7 @@ from stages.engine.stage import module
 from stages.engine.store import hash_file, list_files, merkle
 
 
-def problems(recipe_name: str, full: bool) -> list[str]:
+def problems(recipe_name: str, full: bool, table: dict) -> list[str]:
     """One line per difference between the store and the recipe's manifest ([] when intact)."""
     st = store()
     ptr = st.pointer(recipe_name, "manifest")
@@ -38,7 +38,13 @@ def problems(recipe_name: str, full: bool) -> list[str]:
     found = [f"{recipe_name}: manifest: {p}" for p in st.damage("manifest", ptr["key"], full=full)]
     if found:
         return found
-    manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
+    try:
+        manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
+    except ValueError:
+        return [f"{recipe_name}: manifest: manifest.json is not JSON; rebuild it (doit manifest:{recipe_name})"]
+    shape = receipt.shape_problem(manifest, table)
+    if shape:
+        return [f"{recipe_name}: manifest: {shape}"]
     for stage, art in manifest["artifacts"].items():
         found += [f"{recipe_name}: {stage}: {p}"
                   for p in st.damage(stage, art["key"], full=full, files=art["files"])]
@@ -97,7 +103,7 @@ def run(recipe_name: str, named: bool, table: dict, full: bool, require_anchor: 
     if not named and store().pointer(recipe_name, "manifest") is None:
         print(f"verify: {recipe_name}: never built, nothing to check")
         return {"outcome": "never built"}
-    found, notes = problems(recipe_name, full), []
+    found, notes = problems(recipe_name, full, table), []
     if not found:  # the receipt's bytes are intact: is it self-consistent, and anchored where it should be
         found, notes = self_consistent(recipe_name, table)
     outside = []
