@@ -100,3 +100,27 @@ def test_a_request_past_the_kv_cache_is_refused(engine, model_and_tok):
     with pytest.raises(ValueError, match="4096 tokens of KV cache"):
         engine.generate([tok("hi")["input_ids"]], Sampling(max_new_tokens=5000))
     assert engine.generate([tok("hi")["input_ids"]], Sampling(max_new_tokens=4))[0].ids  # and it goes on
+
+
+def test_the_api_refuses_a_request_past_a_kv_budget_smaller_than_the_context(model_and_tok):
+    """A GPU with little memory left gives a KV cache smaller than the model's positions: the API's
+    context is then the KV budget, and a request over it gets a 400 before any generation."""
+    from fastapi.testclient import TestClient
+
+    from stages.inference.app import build_app
+    from stages.inference.generation import ServedModel
+
+    model, tok = model_and_tok
+    served = ServedModel(model, tok, kv_tokens=64)
+    try:
+        assert served.context_length == 64 < model.config.max_position_embeddings
+        client = TestClient(build_app(served, "tiny-test"))
+        ask = lambda n: client.post("/v1/chat/completions", json={  # noqa: E731
+            "model": "tiny-test", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": n,
+            "temperature": 0})
+        refused = ask(60)
+        assert refused.status_code == 400 and "maximum context length is 64 tokens" in refused.json()["error"]["message"]
+        answered = ask(4)
+        assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] <= 4
+    finally:
+        served.close()
