@@ -8,7 +8,8 @@ line naming the first that differs. The model's id is the recipe and a prefix of
 digest. vLLM serves it where vLLM and a GPU are present (serve.engine auto or vllm); elsewhere
 a FastAPI app over transformers' generation (stages/inference/), which bounds what clients send
 (its limits are on the startup line; --time-limit sets how long one generation may hold the
-model). SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recipe>` first.
+model). What the libraries print while the model loads goes to artifacts/<recipe>/serve.log.
+SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recipe>` first.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from doit.exceptions import TaskFailed
 from stages.engine import project
 from stages.engine.errors import UserError
 from stages.engine.store import write_json
+from stages.engine.terminal import captured
 from stages.inference import vllm
 from stages.inference.served import Served, served
 
@@ -66,7 +68,12 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
     from stages.inference.app import TIME_LIMIT_S, build_app
     from stages.inference.generation import load
 
-    model = load(s)
+    log = project.store().root / recipe_name / "serve.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with captured(log) as loading:  # transformers' loading bar and warnings go to the log, as a stage's do
+        model = load(s)
+    if loading.warnings:
+        print(f"serve:{recipe_name}: loading the model gave {loading.warnings} library warning(s): {log}", flush=True)
     app = build_app(model, s.model_id, {"manifest": digest}, time_limit or TIME_LIMIT_S)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers; limits: {app.state.limits})",

@@ -89,6 +89,14 @@ def test_models_lists_the_recipe_and_its_receipt(server, built):
     assert server.client.models.retrieve(server.models[0].id).id == server.models[0].id
 
 
+def test_the_console_says_where_it_serves_and_the_libraries_go_to_the_log(server, built):
+    """Loading the model prints transformers' bar and warnings: they go to artifacts/tiny/serve.log,
+    as a stage's library output goes to its log; the console keeps the startup line."""
+    console = server.output()
+    assert "Loading weights" not in console and "serve:tiny: tiny-" in console
+    assert "Loading weights" in (built / "artifacts" / "tiny" / "serve.log").read_text()
+
+
 def test_a_streamed_answer_is_the_same_answer(server, built):
     messages = heldout(built)[0]["messages"]
     whole = server.client.chat.completions.create(model=server.models[0].id, messages=messages, temperature=0)
