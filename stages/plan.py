@@ -40,6 +40,22 @@ def device_facts(hardware) -> dict:
             "hip": torch.version.hip, "cuda": torch.version.cuda, "gpus": hardware.gpus, "processes": processes}
 
 
+def blocked_here(recipe) -> str | None:
+    """Why this machine cannot plan the recipe at all (`doit status` says it of a recipe not yet
+    built): a GPU profile where no GPU is visible. A CPU build of torch says so in its version,
+    which spares importing torch."""
+    from importlib.metadata import version
+
+    if recipe.hardware.profile == "cpu":
+        return None
+    if not version("torch").endswith("+cpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            return None
+    return f"hardware.profile {recipe.hardware.profile} needs a GPU, and none is visible"
+
+
 def env_block(root: Path, profile: str) -> dict[str, str]:
     """The profile's environment block from ops/hardware.yaml."""
     import yaml

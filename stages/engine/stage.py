@@ -38,6 +38,6 @@ class Stage:
 
 
 def module(stage: Stage):
-    """The stage's module (build, and optionally code_modules, extra_inputs, summary, verify),
+    """The stage's module (build, and optionally code_modules, extra_inputs, summary, verify, blocked_here),
     imported when first asked for: the engine names no stage, the table does."""
     return importlib.import_module(stage.module)

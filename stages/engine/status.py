@@ -12,9 +12,11 @@ import json
 import sys
 
 from stages.engine import keys, remote
+from stages.engine.declared import recipe_view
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs
 from stages.engine.project import recipe, recipe_names, recipe_tasks, store
+from stages.engine.stage import module
 
 
 def differences(old, new, path: str = "") -> list[str]:
@@ -119,6 +121,15 @@ def lines(recipe_name: str, table: dict) -> list[str]:
         for name, state, text in states(recipe_name, table)]
 
 
+def blocked_here(recipe_name: str, table: dict) -> list[str]:
+    """What this machine lacks to build the recipe at all, from the stages whose module says
+    (blocked_here(recipe): a GPU profile where no GPU is visible), asked of a recipe not built:
+    its stages wait on the base, so their own inputs are not computed yet."""
+    full = recipe(recipe_name)
+    return [why for stage in table.values() if hasattr(module(stage), "blocked_here")
+            and (why := module(stage).blocked_here(recipe_view(full, stage.params, stage.name)))]
+
+
 def line(recipe_name: str, table: dict) -> str:
     """`doit status`: the recipe in one line. Up to date where every stage `doit manifest` builds
     is (and every stage built on request before, such as the report); not built where the recipe
@@ -139,7 +150,7 @@ def line(recipe_name: str, table: dict) -> str:
     if state == "blocked":
         return f"{recipe_name}: cannot build: {text}"
     if not built:
-        return f"{recipe_name}: not built"
+        return f"{recipe_name}: not built" + "".join(f"; cannot build here: {why}" for why in blocked_here(recipe_name, table)[:1])
     if state == "remote":
         return f"{recipe_name}: stale: {name} is in the remote cache, not here: a build fetches it"
     return f"{recipe_name}: stale: {name}: {text.split('; ')[0]}"
