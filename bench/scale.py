@@ -35,8 +35,9 @@ speed over the base's weights, with every core and with one.
 
     python -m bench.scale [--workloads 8b_lora,32b_lora] [--gpus 1,2,4] [--repeat 3] [--out FILE]
 
---tiny: the tiny recipe's model on the CPU in 1 and 2 processes (gloo DDP: accelerate shards
-with FSDP on accelerators only), 6 steps of sequences of 256 (a smoke test, not a measurement).
+--tiny: the tiny recipe's model on the CPU, LoRA and full, in 1 and 2 processes (gloo DDP:
+accelerate shards with FSDP on accelerators only), 6 steps of sequences of 256 (a smoke test, not
+a measurement).
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ DEVICE = "cuda"
 def use_tiny() -> None:
     global MAX_LENGTH, MICRO, GLOBAL_BATCH, STEPS, WARMUP, ROWS, WORKLOADS, DEVICE
     MAX_LENGTH, MICRO, GLOBAL_BATCH, STEPS, WARMUP, ROWS = 256, 2, 4, 6, 2, 200
-    WORKLOADS, DEVICE = {"tiny_lora": ("tiny", "lora", (1, 2))}, "cpu"
+    WORKLOADS, DEVICE = {"tiny_lora": ("tiny", "lora", (1, 2)), "tiny_full": ("tiny", "none", (1, 2))}, "cpu"
 
 
 def model_config(shape: str) -> dict:
@@ -283,7 +284,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.tiny:
         use_tiny()
-        a.workloads, a.gpus, a.rows, a.tokenizer = "tiny_lora", "1,2", a.rows or tiny.CHAT, None
+        a.workloads, a.gpus, a.rows, a.tokenizer = "tiny_lora,tiny_full", "1,2", a.rows or tiny.CHAT, None
     work = a.work or Path(tempfile.mkdtemp(prefix="scale-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "builds.log"
