@@ -20,6 +20,7 @@ from web3.exceptions import ContractCustomError
 from stages.chain import node, registry, signer, trust
 from stages.engine import verify as receipts
 from stages.engine.errors import UserError
+from stages.table import STAGES
 
 
 def extra_inputs(recipe, root, store) -> dict:
@@ -37,7 +38,7 @@ def build(ctx, out: Path) -> None:
                             f"its anchor: section (docs/anchoring.md)")
         w3 = node.open_registry(ctx.recipe.anchor, pinned["chain_id"], pinned["registry"])
         trusted = trust.submitters(ctx.root, **pinned)
-        refused = receipts.problems(ctx.recipe_name, full=False)
+        refused = receipts.problems(ctx.recipe_name, False, STAGES)
         if refused:
             raise UserError(f"the manifest does not verify ({refused[0]})")
         digest = bytes.fromhex(ctx.artifacts["manifest"]["digest"])

@@ -29,7 +29,7 @@ def uploads(recipe_name: str, table: dict) -> tuple[list[tuple[str, Path]], dict
     """(path in the repo, local file) of everything a publish uploads, and the manifest's pointer,
     once the receipt verifies and the card of this build is built; UserError otherwise."""
     st = project.store()
-    found = verify.problems(recipe_name, full=False)
+    found = verify.problems(recipe_name, False, table)
     found = found or verify.self_consistent(recipe_name, table)[0]
     if found:
         raise UserError(f"publish:{recipe_name}: the receipt does not verify ({found[0]}); nothing uploaded")

@@ -27,10 +27,12 @@ def forge(project, edit, rekey: bool = False) -> None:
     key = json.loads(pointer.read_text())["key"]
     obj = art / "store" / "manifest" / key
     manifest = json.loads((obj / "manifest.json").read_text())
-    edit(manifest)
+    replaced = edit(manifest)  # None: edited in place; else the new manifest, or its text
+    manifest = manifest if replaced is None else replaced
     obj.chmod(0o755)
     (obj / "manifest.json").chmod(stat.S_IWUSR | stat.S_IRUSR)
-    (obj / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (obj / "manifest.json").write_text(manifest if isinstance(manifest, str) else
+                                       json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     sidecar = obj.with_suffix(".json")
     meta = json.loads(sidecar.read_text())
     meta["files"] = {"manifest.json": blake3.blake3((obj / "manifest.json").read_bytes()).hexdigest()}
@@ -128,8 +130,9 @@ def test_an_upstream_rebuilt_to_the_same_bytes_under_a_new_key_makes_a_new_recei
 
 
 def test_a_receipt_with_malformed_artifacts_fails_in_one_line_each(warm):
-    """A hostile receipt's `artifacts` of the wrong shape (not a mapping, an entry that is not one,
-    a key that is not a key, a path out of the store) fails verify with a line naming what is
+    """A hostile receipt of the wrong shape (artifacts not a mapping, an entry that is not one, a
+    key that is not a key, a path out of the store, the manifest or a mapping the checks walk
+    not a mapping, JSON nested past the parser's stack) fails verify with a line naming what is
     wrong: no traceback, nothing read outside the store."""
     shapes = [
         lambda m: m.update(artifacts=["base", "plan"]),
@@ -137,6 +140,11 @@ def test_a_receipt_with_malformed_artifacts_fails_in_one_line_each(warm):
         lambda m: m["artifacts"]["plan"].update(key=["not", "a", "key"]),
         lambda m: m["artifacts"]["plan"].update(key="../../../../../../etc/hostname"),
         lambda m: m["artifacts"].update({"../escape": dict(m["artifacts"]["plan"])}),
+        lambda m: [m],
+        lambda m: m.update(upstream=["base"]),
+        lambda m: m["artifacts"]["plan"]["inputs"].update(params=["hardware"]),
+        lambda m: m["artifacts"]["eval"]["inputs"].update(upstream="shards"),
+        lambda m: "[" * 100_000 + "]" * 100_000,  # deeper than the JSON parser's stack
     ]
     for edit in shapes:
         project = warm.parent / f"malformed{shapes.index(edit)}"

@@ -55,11 +55,17 @@ FIELDS = {"params": "recipe", "env": "version of", "code": "code", "upstream": "
 
 
 def shape_problem(manifest, table: dict) -> str | None:
-    """Why a manifest's `artifacts` cannot be read as a receipt (None if it can): a forged one's
-    stage names, keys and file paths become store paths (stages/engine/names.py)."""
-    artifacts = manifest.get("artifacts") if isinstance(manifest, dict) else None
+    """Why a manifest cannot be read as a receipt (None if it can): a forged one's stage names,
+    keys and file paths become store paths (stages/engine/names.py), and the mappings the checks
+    walk must be mappings, so that no field of the wrong shape ends in a traceback."""
+    if not isinstance(manifest, dict):
+        return "it is not a JSON object; rebuild the manifest"
+    artifacts = manifest.get("artifacts")
     if not isinstance(artifacts, dict):
         return "its artifacts are not a mapping of stage to artifact; rebuild the manifest"
+    for field in ("recipe", "upstream"):
+        if not isinstance(manifest.get(field, {}), dict):
+            return f"its {field} is not a mapping"
     for stage, art in artifacts.items():
         if not isinstance(art, dict) or not named(stage, art.get("key"), table):
             return f"its artifacts name {shown(str(stage))} with no key of 32 hex digits, or no such stage"
@@ -67,6 +73,9 @@ def shape_problem(manifest, table: dict) -> str | None:
         if not isinstance(files, dict) or not all(isinstance(rel, str) and path_problem(rel) is None and is_digest(d)
                                                   for rel, d in files.items()):
             return f"its {stage} artifact's files are not relative paths inside the artifact with BLAKE3 digests"
+        inputs = art.get("inputs", {})
+        if not isinstance(inputs, dict) or not all(isinstance(inputs.get(f, {}), dict) for f in ("params", "upstream")):
+            return f"its {stage} artifact's inputs, or their params or upstream, are not mappings"
     return None
 
 
@@ -161,8 +170,11 @@ def problems(recipe_name: str, key: str, text: str, table: dict) -> tuple[list[s
     key, each artifact's, and the manifest re-derived from them. Its files are intact already."""
     try:
         manifest = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
         return ["manifest: manifest.json is not JSON"], []
+    shape = shape_problem(manifest, table)
+    if shape:
+        return [f"manifest: {shape}"], []
     inputs = own_inputs(manifest)
     if not isinstance(manifest, dict) or any(v is None for v in inputs.values()) or "artifacts" not in manifest:
         return [f"manifest: the receipt records no inputs (made before receipts did); rebuild it with "

@@ -40,7 +40,7 @@ def problems(recipe_name: str, full: bool, table: dict) -> list[str]:
         return found
     try:
         manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
         return [f"{recipe_name}: manifest: manifest.json is not JSON; rebuild it (doit manifest:{recipe_name})"]
     shape = receipt.shape_problem(manifest, table)
     if shape:
@@ -70,7 +70,7 @@ def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bo
     obj = st.path("manifest", ptr["key"])
     try:
         covered = set(json.loads((obj / "manifest.json").read_text())["artifacts"]) | {"manifest"}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return [], []  # no manifest to check against the world (the store's checks say why)
     digest = merkle({rel: hash_file(obj / rel) for rel in list_files(obj)})
     for name, stage in table.items():
