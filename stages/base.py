@@ -31,9 +31,9 @@ def copy_model_dir(src: Path, out: Path) -> None:
 def extra_inputs(recipe, root: Path, store) -> dict:
     """A local model dir, or the tokenizer dir a config names, is an input: its content, not
     its path, goes into the key; a config-built model's bytes also depend on the device whose
-    random numbers made them (stages/model/tiny.py)."""
+    random numbers made them: a GPU profile's on the GPU where one is visible (stages/model/tiny.py)."""
     m = recipe.model
-    made_on = {"device": device()} if m.config is not None else {}
+    made_on = {"device": device() if recipe.hardware.profile != "cpu" else "cpu"} if m.config is not None else {}
     name, path = (("model.path", m.path) if m.path is not None else
                   ("model.config.tokenizer", m.config.tokenizer if m.config else None))
     if path is None:
@@ -50,7 +50,7 @@ def build(ctx, out: Path) -> None:
     m = ctx.recipe.model
     if m.config is not None:
         ctx.log.debug("building a Qwen3 model from config (seed %d)", m.config.seed)
-        build_from_config(m.config, out, ctx.root)
+        build_from_config(m.config, out, ctx.root, on_gpu=ctx.recipe.hardware.profile != "cpu")
     elif m.path is not None:
         ctx.log.info("copying local model %s", m.path)
         copy_model_dir(ctx.root / m.path, out)

@@ -23,7 +23,7 @@ RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "tr
                     "lm-eval", "amd-quark", "safetensors", "blake3", "doit", "pydantic")
 
 STAGES = {s.name: s for s in [
-    Stage("base", "stages.base", ("model",), {}, ("torch", "transformers"),
+    Stage("base", "stages.base", ("model", "hardware.profile"), {}, ("torch", "transformers"),
           "the base model + tokenizer as an artifact"),
     Stage("plan", "stages.plan", ("hardware", "autotune", "train.method", "train.peft", "train.lora",
                                   "train.micro_batch_size", "train.grad_accum", "train.max_completion_length",

@@ -5,9 +5,10 @@ Qwen3's own) gets that tokenizer and its vocabulary instead, at any size up to Q
 shape, for GPU runs where real weights cannot be fetched. Nothing about real models depends
 on the character-level tokenizer.
 
-Where a CUDA GPU is visible the weights are made on it (an 8B shape in seconds, where the CPU
-takes minutes): the same bytes on every run on the same kind of GPU, other bytes than the CPU's
-(its random numbers differ), so the base stage's key names the device (stages/base.py)."""
+A recipe for a GPU profile gets its weights made on the GPU where one is visible (an 8B shape in
+seconds, where the CPU takes minutes): the same bytes on every run on the same kind of GPU, other
+bytes than the CPU's (its random numbers differ), so the base stage's key names the device
+(stages/base.py). A CPU profile's (tiny's) are made on the CPU on every machine."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,9 @@ def char_tokenizer():
                                    pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
 
 
-def build_from_config(cfg, out: Path, root: Path = Path(".")) -> None:
-    """Random weights from cfg.seed, saved with the tokenizer; cfg.tokenizer is relative to root."""
+def build_from_config(cfg, out: Path, root: Path = Path("."), on_gpu: bool = False) -> None:
+    """Random weights from cfg.seed, saved with the tokenizer; cfg.tokenizer is relative to root.
+    on_gpu: made on the GPU where one is visible (a GPU profile's base)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3MoeConfig
 
@@ -56,7 +58,7 @@ def build_from_config(cfg, out: Path, root: Path = Path(".")) -> None:
         **({"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
             "moe_intermediate_size": cfg.moe_intermediate_size} if moe else {}))
     torch.manual_seed(cfg.seed)  # seeds the GPU's generator too
-    device = init_device(config, getattr(torch, cfg.dtype))
+    device = init_device(config, getattr(torch, cfg.dtype)) if on_gpu else "cpu"
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tok.pad_token_id, do_sample=False)
@@ -81,6 +83,6 @@ def init_device(config, dtype) -> str:
         from stages.engine.errors import UserError
 
         raise UserError(f"model.config: {need / 1e9:.1f} GB of weights do not fit the GPU's {total / 1e9:.1f} GB, "
-                        f"where a config-built base is made; build the base on a larger GPU, or on the CPU "
-                        f"(CUDA_VISIBLE_DEVICES= doit base:<recipe>)")
+                        f"where a GPU profile's config-built base is made; build it on a machine with a larger GPU "
+                        f"and doit push it, or make the model smaller")
     return "cuda"
