@@ -238,3 +238,55 @@ def test_the_plan_of_several_gpu_processes_names_its_sharding():
     fsdp = distributed_args({"sharding": sharding(4, "cuda")})
     assert fsdp["fsdp"] is True and fsdp["fsdp_config"]["version"] == 2
     assert distributed_args({"sharding": sharding(1, "cuda")}) == distributed_args({"sharding": sharding(2, "cpu")}) == {}
+
+
+def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, monkeypatch):
+    """trainer.gathered_state, which only FSDP reaches (accelerate turns it on for accelerators
+    only), on a LoRA model sharded by torch's fully_shard over one gloo process: each trainable
+    tensor whole (a DTensor's full_tensor), under the names the unsharded model gives it, so PEFT
+    saves the adapter the unsharded model saves, byte for byte."""
+    import torch
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from conftest import free_port
+    from stages.train.trainer import gathered_state
+
+    def lora_model():
+        torch.manual_seed(0)
+        config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+        model = get_peft_model(AutoModelForCausalLM.from_config(config), LoraConfig(r=4, target_modules="all-linear"))
+        with torch.no_grad():  # LoRA's B starts at zero: make every trainable tensor tell itself apart
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.copy_(torch.randn_like(p))
+        return model
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        plain, sharded = lora_model(), lora_model()
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in sharded.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        assert any(isinstance(p, DTensor) for p in sharded.parameters())
+
+        class Trainer:
+            is_fsdp_enabled, model = True, sharded
+
+        state = gathered_state(Trainer(), "lora")
+        expected = {n: p.detach() for n, p in plain.named_parameters() if p.requires_grad}
+        assert state.keys() == expected.keys() and all(torch.equal(state[n], expected[n]) for n in state)
+        plain.save_pretrained(tmp_path / "one", save_embedding_layers=False)
+        sharded.save_pretrained(tmp_path / "sharded", state_dict=state, save_embedding_layers=False)
+        assert ((tmp_path / "one" / "adapter_model.safetensors").read_bytes() ==
+                (tmp_path / "sharded" / "adapter_model.safetensors").read_bytes())
+    finally:
+        dist.destroy_process_group()

@@ -134,15 +134,21 @@ def step_clock_callback(seconds: list):
     class StepClock(TrainerCallback):
         last = None
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def drained(self) -> float:
             import torch
 
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            now = time.perf_counter()
+            return time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = self.drained()
             if self.last is not None:
                 seconds.append(round(now - self.last, 4))
             self.last = now
+
+        def on_save(self, args, state, control, **kwargs):
+            self.last = self.drained()  # the next step's time starts after the save
 
     return StepClock()
 
@@ -206,7 +212,10 @@ def save(trainer, tok, peft: str, logs: tuple[str, ...], out: Path) -> None:
                 f.write(json.dumps({k: entry[k] for k in ("step", "loss", "grad_norm", "learning_rate") + logs
                                     if k in entry}, sort_keys=True) + "\n")
     if peft != "none":
-        trainer.model.save_pretrained(out / "adapter", state_dict=state)
+        # the adapter alone: PEFT would also copy the base's embedding weights where target_modules
+        # names them, which the base (named by digest in the manifest) already holds, and which a
+        # sharded run's gathered_state does not gather
+        trainer.model.save_pretrained(out / "adapter", state_dict=state, save_embedding_layers=False)
         (out / "adapter" / "README.md").unlink(missing_ok=True)  # a model card with local paths
         cfg_path = out / "adapter" / "adapter_config.json"
         cfg = json.loads(cfg_path.read_text())
