@@ -42,18 +42,21 @@ def device_facts(hardware) -> dict:
 
 def blocked_here(recipe) -> str | None:
     """Why this machine cannot plan the recipe at all (`doit status` says it of a recipe not yet
-    built): a GPU profile where no GPU is visible. A CPU build of torch says so in its version,
-    which spares importing torch."""
+    built): a GPU profile where no GPU is visible, or fewer than hardware.gpus. A CPU build of
+    torch says so in its version, which spares importing torch."""
     from importlib.metadata import version
 
-    if recipe.hardware.profile == "cpu":
+    hw = recipe.hardware
+    if hw.profile == "cpu":
         return None
+    visible = 0
     if not version("torch").endswith("+cpu"):
         import torch
 
-        if torch.cuda.is_available():
-            return None
-    return f"hardware.profile {recipe.hardware.profile} needs a GPU, and none is visible"
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0:
+        return f"hardware.profile {hw.profile} needs a GPU, and none is visible"
+    return f"hardware.gpus is {hw.gpus}, {visible} visible" if hw.gpus > visible else None
 
 
 def env_block(root: Path, profile: str) -> dict[str, str]:

@@ -8,7 +8,8 @@ line naming the first that differs. The model's id is the recipe and a prefix of
 digest. vLLM serves it where vLLM and a GPU are present (serve.engine auto or vllm); elsewhere
 a FastAPI app over transformers' generation (stages/inference/), which bounds what clients send
 (its limits are on the startup line; --time-limit sets how long one generation may hold the
-model). What the libraries print while the model loads goes to artifacts/<recipe>/serve.log.
+model). Served by transformers, what the libraries print while the model loads goes to
+artifacts/<recipe>/serve.log (appended to at each start).
 SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recipe>` first.
 """
 from __future__ import annotations

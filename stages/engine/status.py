@@ -125,9 +125,9 @@ def blocked_here(recipe_name: str, table: dict) -> list[str]:
     """What this machine lacks to build the recipe at all, from the stages whose module says
     (blocked_here(recipe): a GPU profile where no GPU is visible), asked of a recipe not built:
     its stages wait on the base, so their own inputs are not computed yet."""
-    full = recipe(recipe_name)
-    return [why for stage in table.values() if hasattr(module(stage), "blocked_here")
-            and (why := module(stage).blocked_here(recipe_view(full, stage.params, stage.name)))]
+    full, built = recipe(recipe_name), ("manifest", *table["manifest"].upstream)  # what doit manifest builds
+    return [why for name in built if hasattr(module(table[name]), "blocked_here")
+            and (why := module(table[name]).blocked_here(recipe_view(full, table[name].params, name)))]
 
 
 def line(recipe_name: str, table: dict) -> str:
