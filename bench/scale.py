@@ -230,8 +230,8 @@ def peer_child(spec_path: str) -> None:
 
 
 def hashing_speed(weights: list[Path]) -> dict:
-    """The store's BLAKE3 over the base's weights (read twice first, so the page cache holds
-    them): GB/s with every core (the store's setting) and with one."""
+    """The store's BLAKE3 over the base's weights (read once first, so the page cache holds them
+    where it can): GB/s with every core (the store's setting) and with one."""
     import blake3
 
     from stages.engine.store import hash_file
@@ -335,8 +335,10 @@ def main() -> None:
                 common = {"model": model, "method": "lora" if peft == "lora" else "full", "gpus": gpus, "repeat": repeat}
                 sides = [s for s in ("ours", "peer") if a.only in (None, s)]
                 for side in sides:
-                    if any(r for r in results["runs"] if {**common, "peer": side == "peer"}.items() <= r.items()):
+                    done = [r for r in results["runs"] if {**common, "peer": side == "peer"}.items() <= r.items()]
+                    if any("error" not in r for r in done):
                         continue  # done in an earlier call
+                    results["runs"] = [r for r in results["runs"] if r not in done]  # a failed try is tried again
                     try:
                         if side == "ours":
                             r = run_ours(project, name, gpus, log, flops, peak_tflops)
