@@ -35,7 +35,7 @@ speed over the base's weights, with every core and with one.
 
     python -m bench.scale [--workloads 8b_lora,32b_lora] [--gpus 1,2,4] [--repeat 3] [--out FILE]
 
---tiny: the tiny recipe's model on the CPU, LoRA and full, in 1 and 2 processes (gloo DDP:
+--tiny: the tiny recipe's model on the CPU, LoRA in 1 and 2 processes and full in 2 (gloo DDP:
 accelerate shards with FSDP on accelerators only), 6 steps of sequences of 256 (a smoke test, not
 a measurement).
 """
@@ -73,7 +73,7 @@ DEVICE = "cuda"
 def use_tiny() -> None:
     global MAX_LENGTH, MICRO, GLOBAL_BATCH, STEPS, WARMUP, ROWS, WORKLOADS, DEVICE
     MAX_LENGTH, MICRO, GLOBAL_BATCH, STEPS, WARMUP, ROWS = 256, 2, 4, 6, 2, 200
-    WORKLOADS, DEVICE = {"tiny_lora": ("tiny", "lora", (1, 2)), "tiny_full": ("tiny", "none", (1, 2))}, "cpu"
+    WORKLOADS, DEVICE = {"tiny_lora": ("tiny", "lora", (1, 2)), "tiny_full": ("tiny", "none", (2,))}, "cpu"
 
 
 def model_config(shape: str) -> dict:
