@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# bench/scale.py in one call to a lent multi-GPU machine, resumable on a warm one: the project,
+# its store and the results stay under /tmp/scale between calls (a machine idle for 30 s goes
+# back, so put the runs that belong together in one call). Needs, carried beside the checkout:
+#   .whl/  the wheels the GPU image lacks or has at other versions (transformers 5.23,
+#          huggingface-hub 2.4, tokenizers, trl, peft, datasets, dill, multiprocess, fsspec, doit,
+#          blake3, datasketch, pydantic(+core), ... as docs/distributed.md's "Measured" section ran)
+#   gpu/scale_rows.jsonl.gz  bench/data_prep.make_real_rows(path, 3000), gzipped
+#   gpu/shared/tokenizers/qwen3  Qwen3's tokenizer
+# A training process that outlives HANG seconds (default 240) gets SIGABRT, and with
+# PYTHONFAULTHANDLER its threads' tracebacks land in the stage log: a hang shows where it hangs.
+#
+#   LIMIT=540 bash bench/gpu_scale.sh --workloads 8b_lora --gpus 1,2,4   (results and logs under $OUT)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+[ -f /tmp/rows.jsonl ] || gunzip -c gpu/scale_rows.jsonl.gz > /tmp/rows.jsonl
+if [ -d /tmp/scale/project ]; then rm -rf /tmp/scale/project/stages; cp -r stages /tmp/scale/project/; fi
+( while sleep 15; do for p in $(pgrep -f "stages.train.distributed|peer-child"); do
+    [ "$(ps -o etimes= -p "$p" | tr -d ' ')" -gt "${HANG:-240}" ] && kill -ABRT "$p"; done; done ) &
+timeout "${LIMIT:-540}" python3 -m bench.scale "$@" --work /tmp/scale --rows /tmp/rows.jsonl \
+  --tokenizer gpu/shared/tokenizers/qwen3 --out /tmp/scale/scale.json 2>&1 | grep -v -i warn | tail -30
+cp /tmp/scale/scale.json "${OUT:-/tmp}/"; tail -c 200000 /tmp/scale/builds.log > "${OUT:-/tmp}/builds.log"
+for f in $(ls -t /tmp/scale/project/artifacts/store/checkpoint/*.log | head -3); do
+  grep -v -i warn "$f" | tail -c 20000 > "${OUT:-/tmp}/$(basename "$f")"; done
