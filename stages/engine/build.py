@@ -83,9 +83,7 @@ def _logger(path: Path, name: str, console: TextIO | None) -> logging.Logger:
     """The stage's log: everything (DEBUG up: per-step lines too) in the file beside the
     artifact, with the time; the console gets INFO, the few lines a person follows a build by."""
     log = logging.getLogger(f"mindxtrain.{name}")
-    for h in list(log.handlers):
-        log.removeHandler(h)
-        h.close()
+    _close(log)  # an earlier build's handlers in this process
     log.setLevel(logging.DEBUG)
     log.propagate = False
     handlers = [(logging.FileHandler(path, encoding="utf-8"), logging.DEBUG, "%(asctime)s %(message)s")]

@@ -59,6 +59,17 @@ def versions(packages) -> dict[str, str]:
     return {p: platform.python_version() if p == "python" else importlib.metadata.version(p) for p in packages}
 
 
+def resolved(recipe_name: str, stage: Stage, up: str, at: dict[str, str] | None, what: str = "upstream ") -> tuple[str, dict]:
+    """The key and sidecar of the `up` artifact `stage` reads for the recipe: the key `at` names
+    for it, else the recipe's pointer's. Raises UserError where it is not built."""
+    st = store()
+    key = (at or {}).get(up) or (st.pointer(recipe_name, up) or {}).get("key")
+    meta = key and st.sidecar(up, key)
+    if not meta:
+        raise UserError(f"{stage.name}:{recipe_name}: {what}{up} is not built; run doit {up}:{recipe_name}")
+    return key, meta
+
+
 def upstream_artifacts(recipe_name: str, stage: Stage, table: dict[str, Stage],
                        at: dict[str, str] | None = None) -> dict[str, dict]:
     """Each upstream artifact the recipe resolves to: key, digest, and the files the stage
@@ -66,12 +77,9 @@ def upstream_artifacts(recipe_name: str, stage: Stage, table: dict[str, Stage],
     there only where it is built for this build (built_for). `at` names keys to take for some
     upstream stages instead of the recipe's pointers: those status found current in the store,
     which a build would take (and point the recipe at) without building them."""
-    st, found = store(), {}
+    found = {}
     for up, patterns in stage.upstream.items():
-        key = (at or {}).get(up) or (st.pointer(recipe_name, up) or {}).get("key")
-        meta = key and st.sidecar(up, key)
-        if not meta:
-            raise UserError(f"{stage.name}:{recipe_name}: upstream {up} is not built; run doit {up}:{recipe_name}")
+        key, meta = resolved(recipe_name, stage, up, at)
         found[up] = {"key": key, "digest": meta["digest"], "files": select(meta["files"], patterns),
                      "inputs": meta["inputs"]}
     for up, patterns in stage.optional.items():
@@ -136,11 +144,5 @@ def key_inputs(recipe_name: str, stage: Stage, table: dict[str, Stage], full: Re
         except RecipeError as e:
             raise located(recipe_name, e) from None
     if stage.runs:  # measurements are not content, but a stage that shows them depends on them
-        st, inputs["runs"] = store(), {}
-        for up in stage.runs:
-            key = (at or {}).get(up) or (st.pointer(recipe_name, up) or {}).get("key")
-            meta = key and st.sidecar(up, key)
-            if not meta:
-                raise UserError(f"{stage.name}:{recipe_name}: {up} is not built; run doit {up}:{recipe_name}")
-            inputs["runs"][up] = meta["run"]
+        inputs["runs"] = {up: resolved(recipe_name, stage, up, at, what="")[1]["run"] for up in stage.runs}
     return inputs

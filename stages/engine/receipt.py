@@ -80,11 +80,11 @@ def shape_problem(manifest, table: dict) -> str | None:
 
 
 def own_inputs(manifest: dict) -> dict:
-    """The manifest's key inputs, which its fields record (the upstream keys: its artifacts')."""
-    artifacts = manifest.get("artifacts") if isinstance(manifest.get("artifacts"), dict) else {}
+    """The manifest's key inputs, which its fields record (the upstream keys: its artifacts'), of a
+    manifest shape_problem passed."""
     return {"stage": "manifest", "code": manifest.get("code"), "params": manifest.get("recipe"),
             "upstream": manifest.get("upstream"), "env": manifest.get("versions"),
-            "upstream_keys": {up: a.get("key") if isinstance(a, dict) else None for up, a in artifacts.items()}}
+            "upstream_keys": {up: a["key"] for up, a in manifest["artifacts"].items()}}
 
 
 def key_problem(what: str, key: str, inputs: dict, stored: dict | None) -> str | None:
@@ -176,7 +176,7 @@ def problems(recipe_name: str, key: str, text: str, table: dict) -> tuple[list[s
     if shape:
         return [f"manifest: {shape}"], []
     inputs = own_inputs(manifest)
-    if not isinstance(manifest, dict) or any(v is None for v in inputs.values()) or "artifacts" not in manifest:
+    if any(v is None for v in inputs.values()):
         return [f"manifest: the receipt records no inputs (made before receipts did); rebuild it with "
                 f"doit manifest:{recipe_name}"], []
     stored = store().sidecar("manifest", key) or {}
