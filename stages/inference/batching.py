@@ -25,6 +25,12 @@ CPU_KV_SHARE = 0.1  # of the RAM available: the CPU is a fallback, its batches a
 MAX_BATCH_TOKENS = {"cuda": 2048, "cpu": 256}  # tokens one step computes: prefill chunks, or decodes of many requests
 POLL_S = 0.1  # how often a waiting caller checks its cancel event, its deadline and the batch's thread
 KV_CONTEXTS = 64  # the cache never holds more than this many whole contexts: beyond, memory buys nothing
+# Without flash attention (not on the lent GPUs) a decode step runs SDPA over the batch's KV read out of
+# the pages, padded up to a multiple of this many tokens so that a CUDA graph replays it. transformers'
+# preset, 16384, made every step of a short chat attend over 16k tokens: on an H200 (8B shape, 128 new
+# tokens, one run each) 1024 took one stream from 23 to 58 tokens/s and 8 at once from 173 to 326, 32 from
+# 555 to 685, for 9% less at 128 at once (1000 -> 914); 256 captured so many graphs that 32 and 128 fell.
+KV_PADDING_TOKENS = 1024
 
 
 @dataclass
@@ -78,28 +84,39 @@ class Engine:
     """A running continuous batch over `model` (eval mode, loaded on its device). `tokens` streams
     one request; `generate` runs many and returns when all are done. `options` are further fields
     of transformers' ContinuousBatchingConfig (bench/generation_speed.py tries them). Its compile
-    levels above 0 fail here (torch 2.11, transformers 5.23: inductor cannot generate the top-p
-    sampler's cumsum), so the decode step runs eagerly or as a CUDA graph."""
+    levels above 0 fail with per-request settings (torch 2.11, transformers 5.23: inductor cannot
+    generate the top-p sampler's cumsum), so a serving engine's step runs as a CUDA graph of eager
+    kernels; an engine with one `sampling` for all (GRPO's rollouts) compiles at level 1."""
 
-    def __init__(self, model, tok, eos_ids: set[int], kv_tokens: int | None = None, options: dict | None = None):
+    def __init__(self, model, tok, eos_ids: set[int], kv_tokens: int | None = None, options: dict | None = None,
+                 sampling: tuple[float, float] | None = None):
+        """`sampling` (temperature, top_p) fixes one decoding for every request, as a batch of
+        rollouts has: then the batch runs no per-request logits processors, and none at all where
+        the settings are the no-op ones (temperature 1, top_p 1: plain sampling from the softmax),
+        which spares each step the vocabulary sorts of top-k and top-p."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        self.tok, self.eos_ids = tok, set(eos_ids)
+        self.tok, self.eos_ids, self.fixed = tok, set(eos_ids), sampling is not None
         self.kv_tokens = kv_tokens or kv_budget_tokens(model)
         device = model.device.type
-        # The manager makes a logits processor only for a setting that differs from the no-op default,
-        # and then takes each request's own value: these defaults are placeholders every request overrides.
         self.vocab = model.config.get_text_config().vocab_size
-        config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=self.vocab,
-                                  eos_token_id=sorted(self.eos_ids), pad_token_id=tok.pad_token_id)
+        ends = dict(eos_token_id=sorted(self.eos_ids), pad_token_id=tok.pad_token_id)
+        if sampling is not None:
+            temperature, top_p = sampling
+            config = GenerationConfig(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
+                                      top_p=top_p, top_k=None, **ends)
+        else:
+            # The manager makes a logits processor only for a setting that differs from the no-op default,
+            # and then takes each request's own value: these defaults are placeholders every request overrides.
+            config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=self.vocab, **ends)
         # On CUDA the decode step is a CUDA graph. Async batching (the next batch prepared while one
         # runs) was 8-17% faster at 32-128 requests on an H200 but its loop died on a request's
         # missing block table mid-run (transformers 5.23), taking every request with it: off.
         cuda = device == "cuda"
         batching = ContinuousBatchingConfig(**{
-            "page_size": PAGE_TOKENS, "num_blocks": self.kv_tokens // PAGE_TOKENS, "per_request_processors": True,
+            "page_size": PAGE_TOKENS, "num_blocks": self.kv_tokens // PAGE_TOKENS, "per_request_processors": not self.fixed,
             "max_batch_tokens": MAX_BATCH_TOKENS["cuda" if cuda else "cpu"], "use_cuda_graph": cuda,
-            "use_async_batching": False, **(options or {})})
+            "kv_padding_interval_size": KV_PADDING_TOKENS, "use_async_batching": False, **(options or {})})
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=batching)
         self.manager.start()
         self.waiting: dict[str, queue.Queue] = {}
@@ -131,9 +148,10 @@ class Engine:
             rid, waiting = f"r{self.count}", queue.Queue()
             self.waiting[rid] = waiting
         greedy = s.temperature <= 0
+        own = {} if self.fixed else dict(temperature=1.0 if greedy else float(s.temperature),
+                                         top_p=1.0 if greedy else float(s.top_p), top_k=1 if greedy else self.vocab)
         taken = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=s.max_new_tokens, streaming=streaming,
-                                 temperature=1.0 if greedy else float(s.temperature),
-                                 top_p=1.0 if greedy else float(s.top_p), top_k=1 if greedy else self.vocab)
+                                         **own)
         if taken is None:  # the manager refuses requests once its thread has stopped
             self._finish(rid, cancel=False)
             raise RuntimeError("the generation engine has stopped (its log says why)")
