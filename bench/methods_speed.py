@@ -19,7 +19,8 @@ layer, bf16, Qwen3's real tokenizer, GSM8K train rows (real text) as chat:
 Measured: optimizer steps after WARMUP (compilation and the first generations untimed);
 tokens/s counts the non-pad tokens the model trains on (DPO: chosen and rejected rows with
 their prompts; GRPO: prompts and completions); samples/s: pairs (DPO) or completions (GRPO).
-GRPO's generation is timed on its own (the model's generate, tokens generated per second),
+GRPO's generation is timed on its own (TRL's: the model's generate; ours on CUDA: the rollouts
+through the generation engine, stages/train/grpo.EngineRollouts; tokens generated per second),
 and the training part is the step time less it. Peak memory is torch's max allocated. Each
 configuration runs in a fresh process, as bench/train_speed.py's do.
 
@@ -138,20 +139,35 @@ class Clock:
 
         return Meter()
 
-    def time_generation(self, model):
-        """The model's generate, timed: the new tokens it returns that are not padding."""
+    def time_generation(self, trainer):
+        """The trainer's sampling, timed: the engine's rollouts (trainer.rollout_func) where the
+        checkpoint stage gives it them, else the model's generate; new tokens that are not padding."""
+        if trainer.rollout_func is not None:
+            rollout = trainer.rollout_func
+
+            def timed_rollout(prompts, tr):
+                out = self.timed(rollout, prompts, tr)
+                self.generated[-1] += sum(map(len, out["completion_ids"]))
+                return out
+            trainer.rollout_func = timed_rollout
+            return
+        model = trainer.model
         generate = model.generate
 
         def timed(*args, **kwargs):
             prompt = kwargs.get("input_ids", args[0] if args else None)
-            self.sync()
-            start = time.perf_counter()
-            out = generate(*args, **kwargs)
-            self.sync()
-            self.generate_seconds[-1] += time.perf_counter() - start
+            out = self.timed(generate, *args, **kwargs)
             self.generated[-1] += int((out[:, prompt.shape[1]:] != self.pad_id).sum())
             return out
         model.generate = timed
+
+    def timed(self, fn, *args, **kwargs):
+        self.sync()
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.sync()
+        self.generate_seconds[-1] += time.perf_counter() - start
+        return out
 
 
 def count_tokens(trainer, clock: Clock) -> None:
@@ -262,7 +278,7 @@ def run_one(name: str, a) -> dict:
     trainer.add_callback(clock.callback())
     count_tokens(trainer, clock)
     if method == "grpo":
-        clock.time_generation(trainer.model)
+        clock.time_generation(trainer)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     if who == "ours":
@@ -303,6 +319,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl")
     p.add_argument("--probe-budget", type=float, default=PROBE_BUDGET)
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS), help="which to run (default all)")
     p.add_argument("--work", default=None, help="a run cut short goes on where it stopped: --work DIR again")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one configuration
     a = p.parse_args()
@@ -324,7 +341,7 @@ def main() -> None:
                       REPO / "bench" / "results" / "methods_speed.json")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name in CONFIGS:
+    for name in a.configs:
         done = Path(a.work) / f"{name}.json"
         if not done.exists():
             subprocess.run([sys.executable, "-m", "bench.methods_speed", "--one", name, "--work", a.work, "--tokenizer", a.tokenizer,

@@ -4,6 +4,7 @@ train.num_generations sampled completions per prompt of up to train.max_completi
 tokens, each scored against the others of its group."""
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from stages.train.pairs import prompt_texts
@@ -28,36 +29,129 @@ def reward_for_trainer(name: str):
     return reward
 
 
-def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, **settings):
+def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, engine: bool | None = None, **settings):
     """GRPOTrainer as the row, plan and recipe say; `settings` are further GRPOConfig fields, for a
-    method that is GRPO with other settings of TRL's (stages/train/gspo.py)."""
+    method that is GRPO with other settings of TRL's (stages/train/gspo.py). Its rollouts go
+    through the generation engine where that is faster (`engine` None: engine_here(plan))."""
     config, grpo_trainer = method.trl()
     args = config(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
                   max_completion_length=t.max_completion_length, **settings)
+    rollouts = None
+    if engine_here(plan) if engine is None else engine:
+        from stages.inference.batching import PAGE_TOKENS
+
+        longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
+        pages = -(-args.generation_batch_size * longest // PAGE_TOKENS)
+        rollouts = EngineRollouts(model, tok, plan, pages * PAGE_TOKENS)
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
-                           processing_class=tok, peft_config=peft_config(t, method.peft_task))
+                           processing_class=tok, peft_config=peft_config(t, method.peft_task), rollout_func=rollouts)
+    if rollouts is not None:
+        rollouts.model = trainer.model  # the adapter-wrapped model the trainer trains
+        trainer.add_callback(rollouts.closer())
     generate_eagerly(trainer.model, plan)
     return trainer
+
+
+def engine_here(plan: dict) -> bool:
+    """One CUDA process: the engine's continuous batch (CUDA graphs) against generate's padded
+    batch run eagerly. On the CPU the engine was slower than generate (docs/serving.md), and under
+    FSDP each process would batch its own requests while their forwards must gather together."""
+    return plan["device"] == "cuda" and plan["processes"] == 1
+
+
+class EngineRollouts:
+    """TRL's rollout_func: each process's prompts (already one per completion, TRL repeats each
+    prompt num_generations times) sampled through stages/inference/batching.py's engine at the
+    trainer's temperature and top_p, all at once; the completions keep their end token (the
+    engine's batch keeps it), as TRL's own generate path does. The engine starts at the first
+    rollout and holds `kv_tokens` of KV cache (every completion of a rollout at its longest),
+    then lives until training ends: its CUDA graphs read the adapter's weights where the
+    optimizer updates them in place. On CUDA the batch's step is compiled (transformers' compile
+    level 1) around the model's layers, which then run uncompiled inside it: one sampling setting
+    for the whole batch leaves no top-p cumsum, the op inductor fails on (batching.py). 8B shape,
+    plain sampling on an H200: 8 at once 469-502 tokens/s with per-request settings, 547-585 with
+    one, 709-744 compiled; one stream 65 -> 77 -> 108 (two runs each,
+    bench/results/generation_engine_variants_h200_2026-11-26.json)."""
+
+    def __init__(self, model, tok, plan: dict, kv_tokens: int):
+        self.model, self.tok, self.plan, self.kv_tokens, self.engine = model, tok, plan, kv_tokens, None
+        self.compiled = plan["device"] == "cuda"
+
+    def __call__(self, prompts: list[str], trainer) -> dict:
+        from stages.inference.batching import Engine, Sampling
+
+        if trainer.top_k or trainer.min_p or trainer.repetition_penalty != 1.0:
+            raise ValueError("the generation engine samples with temperature and top_p only")
+        sampling = (trainer.temperature, trainer.top_p)
+        ids = self.tok(text=prompts)["input_ids"]  # as TRL tokenizes text prompts
+        training = self.model.training
+        self.model.eval()  # no adapter dropout while sampling
+        try:
+            with sdpa(self.model, self.plan, eager=not self.compiled), adapter_input_casting(self.model):
+                if self.engine is None:
+                    self.engine = Engine(self.model, self.tok, set(trainer.eos_token_ids), self.kv_tokens,
+                                         {"default_compile_level": 1} if self.compiled else {}, sampling=sampling)
+                answers = self.engine.generate(ids, Sampling(trainer.max_completion_length, *sampling))
+        finally:
+            self.model.train(training)
+        return {"prompt_ids": ids, "completion_ids": [a.ids for a in answers], "logprobs": None}
+
+    def closer(self):
+        from transformers import TrainerCallback
+
+        rollouts = self
+
+        class CloseEngine(TrainerCallback):
+            def on_train_end(self, args, state, control, **kwargs):
+                if rollouts.engine is not None:
+                    rollouts.engine.close()
+                    rollouts.engine = None
+        return CloseEngine()
+
+
+@contextmanager
+def adapter_input_casting(model):
+    """PEFT's cast of each adapter's input to the adapter's dtype, on while the engine runs: training
+    turns it off under autocast (settings.training_context), and the engine's thread has no autocast."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [m.cast_input_dtype_enabled for m in layers]
+    for m in layers:
+        m.cast_input_dtype_enabled = True
+    try:
+        yield
+    finally:
+        for m, was in zip(layers, before):
+            m.cast_input_dtype_enabled = was
 
 
 def generate_eagerly(model, plan: dict) -> None:
     """The plan's decisions are measured on training steps. Sampling runs the same model a token
     at a time, where the compiled layers fail (flex attention: inductor finds no kernel for the
-    decode shapes, lent H100), so the model's generate runs its layers eagerly with SDPA, under the
-    autocast training runs in (training_context leaves LoRA's inputs in bf16 for it)."""
-    from contextlib import nullcontext
-
+    decode shapes, lent H100), so the model's generate runs its layers eagerly with SDPA, under
+    the autocast training runs in (training_context leaves LoRA's inputs in bf16 for it)."""
     import torch
 
     generate = model.generate
     autocast = (lambda: torch.autocast(plan["device"], dtype=torch.bfloat16)) if plan["dtype"] == "bfloat16" else nullcontext
 
     def eager_generate(*args, **kwargs):
-        model.set_attn_implementation("sdpa")
-        try:
-            with torch.compiler.set_stance("force_eager"), autocast():
-                return generate(*args, **kwargs)
-        finally:
-            model.set_attn_implementation(plan["attn_implementation"])
+        with sdpa(model, plan, eager=True), autocast():
+            return generate(*args, **kwargs)
 
     model.generate = eager_generate
+
+
+@contextmanager
+def sdpa(model, plan: dict, eager: bool):
+    """The model's attention as SDPA while sampling (the plan's again after); `eager`: its
+    compiled layers run uncompiled."""
+    import torch
+
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.compiler.set_stance("force_eager") if eager else nullcontext():
+            yield
+    finally:
+        model.set_attn_implementation(plan["attn_implementation"])
