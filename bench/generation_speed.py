@@ -10,9 +10,14 @@ Measured in one process on the GPU it reports:
 - single stream: one request at a time through the OpenAI client against the served app;
 - concurrent 8, 32, 128: that many clients at once through the OpenAI client, streaming, with
   each answer's time to first token (p50, p99) and the aggregate tokens/s;
-- greedy equality: the engine's tokens against `generate`'s for the same prompts.
+- greedy equality: the engine's tokens against `generate`'s for the same prompts;
+- with --serve-peer, `transformers serve --continuous-batching` (transformers' own OpenAI server
+  over the same manager with its defaults), loaded from the same weights saved to disk, measured
+  by the same clients.
 The served app is stages/inference/app.py over stages/inference/generation.py's ServedModel, as
-`doit serve` runs them, minus the manifest gate (there is no 8B build to gate here).
+`doit serve` runs them, minus the manifest gate (there is no 8B build to gate here). The clients
+run in a process of their own, as real clients would: in the server's process their threads
+would take the interpreter's lock from the server's.
 
     python -m bench.generation_speed --out bench/results/generation_speed_h100_<date>.json
     python -m bench.generation_speed --tiny   # a CPU smoke run of the same code
@@ -22,11 +27,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import multiprocessing
+import os
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from bench import tiny
@@ -107,56 +117,102 @@ def served_prompt(tok, question: str) -> list[int]:
     return tok(render(tok, [{"role": "user", "content": question}], generation_prompt=True))["input_ids"]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Served:
-    """The served app on a free local port, in a thread, and an OpenAI client for it."""
+    """The served app on a free local port, in a thread."""
 
     def __init__(self, served, model_id: str):
         import uvicorn
-        from openai import DefaultHttpxClient, OpenAI
 
         from stages.inference.app import build_app
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(build_app(served, model_id), host="127.0.0.1", port=port,
                                                     log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:
             time.sleep(0.05)
-        self.client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=3600,
-                             http_client=DefaultHttpxClient(trust_env=False))  # localhost: no proxy
-        self.model_id = model_id
+        self.base_url, self.model_id = f"http://127.0.0.1:{port}/v1", model_id
 
     def close(self):
         self.server.should_exit = True
         self.thread.join()
 
-    def one(self, question: str, new_tokens: int) -> dict:
-        """One streamed greedy request: its time to first token and completion tokens."""
-        messages = [{"role": "user", "content": question}]
-        start, first, tokens = time.perf_counter(), None, 0
-        stream = self.client.chat.completions.create(model=self.model_id, messages=messages, max_tokens=new_tokens,
-                                                     temperature=0, stream=True, stream_options={"include_usage": True})
-        for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].delta.content:
-                first = time.perf_counter() - start
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        return {"ttft": first if first is not None else time.perf_counter() - start, "tokens": tokens}
+
+class ServePeer:
+    """`transformers serve --continuous-batching` over `model_dir`, in its own process."""
+
+    def __init__(self, model_dir: Path, log: Path):
+        port = free_port()
+        self.log = log.open("w")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model_dir), "--continuous-batching",
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.base_url, self.model_id = f"http://127.0.0.1:{port}/v1", str(model_dir)
+        deadline = time.monotonic() + 600
+        local = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost: no proxy
+        while True:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"transformers serve did not start: see {log}")
+            try:
+                local.open(f"http://127.0.0.1:{port}/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.5)
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(60)
+        self.log.close()
 
 
-def concurrent(served: Served, questions: list[str], clients: int, new_tokens: int) -> dict:
-    """`clients` requests at once, each a different question: aggregate tokens/s, TTFT p50/p99."""
+def one(client, model_id: str, question: str, new_tokens: int) -> dict:
+    """One streamed greedy request: its time to first token and completion tokens."""
+    messages = [{"role": "user", "content": question}]
+    start, first, tokens = time.perf_counter(), None, 0
+    stream = client.chat.completions.create(model=model_id, messages=messages, max_tokens=new_tokens,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return {"ttft": first if first is not None else time.perf_counter() - start, "tokens": tokens}
+
+
+def client_load(base_url: str, model_id: str, questions: list[str], clients: int, new_tokens: int) -> dict:
+    """`clients` OpenAI clients at once (1: the questions one after another), each streaming its
+    questions' answers: aggregate tokens/s and time to first token. Runs in the clients' process."""
+    import httpx2
+    from openai import DefaultHttpxClient, OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=3600,
+                    http_client=DefaultHttpxClient(trust_env=False,  # localhost: no proxy
+                                                   limits=httpx2.Limits(max_connections=clients + 8)))
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda q: served.one(q, new_tokens), questions[:clients]))
+        results = list(pool.map(lambda q: one(client, model_id, q, new_tokens), questions))
     wall = time.perf_counter() - start
     ttft = sorted(r["ttft"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {"tokens_per_s": tokens / wall, "completion_tokens": tokens, "seconds": wall,
             "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]}
+
+
+def measure_server(clients_process, server, questions: list[str], levels: list[int], new_tokens: int, r: dict) -> None:
+    """Single stream (three questions one after another) and each concurrency level into `r`."""
+    call = lambda qs, n: clients_process.submit(client_load, server.base_url, server.model_id, qs, n, new_tokens).result()
+    single = call(questions[:3], 1)
+    r["single_stream_tokens_per_s"], r["single_stream_ttft_s"] = single["tokens_per_s"], single["ttft_p50_s"]
+    r["concurrent"] = {str(n): call((questions * (1 + n // len(questions)))[:n], n) for n in levels}
 
 
 def run(args, result: dict, save) -> None:
@@ -174,7 +230,7 @@ def run(args, result: dict, save) -> None:
         levels, lengths, count = [2, 4], [16], 8
     else:
         device, dtype, shape = "cuda", "bfloat16", QWEN3_8B
-        tok_dir, levels, lengths, count = args.shared / "tokenizers" / "qwen3", [8, 32, 128], args.new_tokens, 128
+        tok_dir, levels, lengths, count = args.shared / "tokenizers" / "qwen3", args.levels, args.new_tokens, 128
     result.update(gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu",
                   model="tiny" if args.tiny else "qwen3_8b_shape", dtype=dtype, torch=torch.__version__)
     import transformers
@@ -203,37 +259,36 @@ def run(args, result: dict, save) -> None:
         sequential(model, peer_prompts[:1], 8)  # warm-up
         r["peer_generate_one_at_a_time_tokens_per_s"], _ = sequential(model, peer_prompts, new_tokens)
         save()
-    t = time.perf_counter()
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
-    served_model = ServedModel(model, tok, options=options)
-    result["engine_options"] = options
-    result["engine_init_seconds"] = time.perf_counter() - t
-    try:
-        served = Served(served_model, "bench")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
+        t = time.perf_counter()
+        served_model = ServedModel(model, tok, options=options)
+        result["engine_options"] = options
+        result["engine_init_seconds"] = time.perf_counter() - t
         try:
-            serve_measures(args, result, save, served, served_model, model, questions, prompts, levels, lengths)
+            served = Served(served_model, "bench")
+            try:
+                serve_measures(args, result, save, clients, served, served_model, model, questions, prompts, levels, lengths)
+            finally:
+                served.close()
         finally:
-            served.close()
-    finally:
-        served_model.close()
+            served_model.close()
+        if args.serve_peer:
+            del served_model
+            serve_peer(args, result, save, clients, model, tok, questions, levels, lengths)
 
 
-def serve_measures(args, result, save, served, served_model, model, questions, prompts, levels, lengths):
+def serve_measures(args, result, save, clients, served, served_model, model, questions, prompts, levels, lengths):
     t = time.perf_counter()
-    served.one(questions[0], 8)  # warm-up: the CUDA graphs are captured on first use
+    clients.submit(client_load, served.base_url, served.model_id, questions[:1], 1, 8).result()  # CUDA graphs captured
     result["first_request_seconds"] = time.perf_counter() - t
     result["kv_cache_tokens"] = served_model.kv_tokens
     for new_tokens in lengths:
         r = result["by_new_tokens"][str(new_tokens)]
-        start = time.perf_counter()
-        singles = [served.one(q, new_tokens) for q in questions[:3]]
-        r["single_stream_tokens_per_s"] = sum(x["tokens"] for x in singles) / (time.perf_counter() - start)
-        r["single_stream_ttft_s"] = statistics.median(s["ttft"] for s in singles)
+        measure_server(clients, served, questions, levels, new_tokens, r)
         if "bandwidth_bound_tokens_per_s" in r:
             r["single_stream_share_of_bound"] = r["single_stream_tokens_per_s"] / r["bandwidth_bound_tokens_per_s"]
-        r["concurrent"] = {str(n): concurrent(served, questions * (1 + n // len(questions)), n, new_tokens)
-                           for n in levels}
-        for n, c in r["concurrent"].items():
+        for c in r["concurrent"].values():
             c["x_peer_one_at_a_time"] = c["tokens_per_s"] / r["peer_generate_one_at_a_time_tokens_per_s"]
         save()
     # greedy equality: the engine's tokens for the peer's prompts beside generate's
@@ -249,6 +304,40 @@ def serve_measures(args, result, save, served, served_model, model, questions, p
         prefix.append(same)
     result["greedy_equal"] = {"prompts": len(prefix), "identical": sum(p == new_tokens for p in prefix),
                               "common_prefix_tokens": prefix, "new_tokens": new_tokens}
+    save()
+
+
+def serve_peer(args, result, save, clients, model, tok, questions, levels, lengths):
+    """transformers serve --continuous-batching on the same weights, saved to disk for it to load
+    (our model leaves the GPU first: the peer sizes its KV cache from the memory it finds free)."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="serve_peer_"))
+    try:
+        model.save_pretrained(work / "model")
+        tok.save_pretrained(work / "model")
+        model.to("meta")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        t = time.perf_counter()
+        peer = ServePeer(work / "model", args.out.with_suffix(".serve_peer.log"))
+        try:
+            clients.submit(client_load, peer.base_url, peer.model_id, questions[:1], 1, 8).result()
+            result["peer_transformers_serve_start_seconds"] = time.perf_counter() - t
+            for new_tokens in lengths:
+                r = result["by_new_tokens"][str(new_tokens)]
+                p = r["peer_transformers_serve"] = {}
+                measure_server(clients, peer, questions, levels, new_tokens, p)
+                for n, c in r["concurrent"].items():
+                    c["x_peer_transformers_serve"] = c["tokens_per_s"] / p["concurrent"][n]["tokens_per_s"]
+                save()
+        finally:
+            peer.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main():
@@ -258,12 +347,15 @@ def main():
                     help="where tokenizers/qwen3 and datasets/{mt-bench,gsm8k} are (default ../shared)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512], help="completion lengths measured")
+    ap.add_argument("--levels", type=int, nargs="+", default=[8, 32, 128], help="concurrent clients measured")
+    ap.add_argument("--serve-peer", action="store_true", help="also measure `transformers serve --continuous-batching`")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                     help="a field of transformers' ContinuousBatchingConfig for the engine, e.g. use_async_batching=true")
     args = ap.parse_args()
     out = args.out or (tiny.results_path("generation_speed") if args.tiny else
                        REPO / "bench" / "results" / f"generation_speed_{time.strftime('%Y-%m-%d')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    args.out = out
     result: dict = {}
 
     def save():

@@ -132,16 +132,21 @@ def test_pipeline_report_reads_a_built_recipe(warm, tmp_path):
 
 
 def test_generation_speed_serves_through_the_engine(tmp_path):
-    """As generation_speed_h200_2026-11-26_run3.json (less the GPU's bandwidth bound): the peer and
-    the served engine, one stream, concurrent clients through the OpenAI client, greedy equality."""
-    bench("generation_speed", "--tiny", "--out", tmp_path / "gen.json")
+    """As generation_speed_h200_2026-11-26_engine_kv1024_run3.json (less the GPU's bandwidth bound):
+    the peers (generate one at a time, `transformers serve --continuous-batching`) and the served
+    engine, one stream, concurrent clients through the OpenAI client, greedy equality."""
+    bench("generation_speed", "--tiny", "--serve-peer", "--out", tmp_path / "gen.json")
     r = fields(tmp_path / "gen.json")
-    real = fields(REPO / "bench" / "results" / "generation_speed_h200_2026-11-26_run3.json")
+    real = fields(REPO / "bench" / "results" / "generation_speed_h200_2026-11-26_engine_kv1024_run3.json")
     assert set(r) == set(real)
     one = next(iter(r["by_new_tokens"].values()))
-    assert set(real["by_new_tokens"]["128"]) - set(one) == {"bandwidth_bound_tokens_per_s", "single_stream_share_of_bound"}
+    real_one = real["by_new_tokens"]["128"]
+    assert set(real_one) - set(one) == {"bandwidth_bound_tokens_per_s", "single_stream_share_of_bound"}
     for level in one["concurrent"].values():
-        assert set(level) == set(real["by_new_tokens"]["128"]["concurrent"]["32"])
+        assert set(level) == set(real_one["concurrent"]["32"])
+    peer = one["peer_transformers_serve"]
+    assert set(peer) == set(real_one["peer_transformers_serve"])
+    assert all(c["completion_tokens"] > 0 for c in peer["concurrent"].values())  # the peer answered every client
     assert r["greedy_equal"]["identical"] == r["greedy_equal"]["prompts"]  # fp32 on the CPU: token for token
 
 

@@ -1,0 +1,119 @@
+"""The generation engine called directly (no HTTP), on Qwen3-8B's shape in bf16 with random
+weights and real questions through Qwen3's tokenizer: where a decode step's time goes and what
+the engine's settings change. Written for one lent GPU; results under $OUT (default /tmp).
+
+  --profile   the serving engine (per-request settings) at 1, 8 and 32 prompts, 128 new tokens,
+              twice each; a torch profile of 8 at once (64 new tokens) by CPU and CUDA time;
+              then transformers' `generate` with a static cache (compiled, CUDA graphs) at 1 and
+              8 prompts, three times each (the first includes the compile)
+  --variants  per-request settings, one setting for the batch (sampling=(1, 1): no logits
+              processors), the same with transformers' compile level 1, and per-request settings
+              with compile level 1; 1, 8 and 32 prompts, 128 new tokens, twice each
+
+docs/serving.md reads bench/results/generation_engine_{profile,variants}_h200_2026-11-26.json.
+
+    python -m bench.generation_engine --profile --shared ../shared
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from bench.generation_speed import QWEN3_8B, SHARED, make_model, real_questions, served_prompt
+
+
+def profile(model, tok, prompts, eos, out: Path) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from stages.inference.batching import Engine, Sampling
+
+    res = {}
+    eng = Engine(model, tok, eos, 64 * 1024)
+
+    def run(n, new=128, temp=0.0):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        a = eng.generate(prompts[:n], Sampling(new, temperature=temp))
+        torch.cuda.synchronize()
+        return sum(len(x.ids) for x in a) / (time.perf_counter() - t)
+    for n in (1, 8, 32):
+        run(n, 16)
+        res[f"engine_{n}"] = [run(n), run(n)]
+        print(n, res[f"engine_{n}"], flush=True)
+    res["engine_8_sampled"] = run(8, temp=1.0)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run(8, 64)
+    (out / "engine8_cpu.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    (out / "engine8_cuda.txt").write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))
+    eng.close()
+    for n in (1, 8):  # static cache + compiled decode through generate
+        tok.padding_side = "left"
+        batch = tok.pad({"input_ids": prompts[:n]}, return_tensors="pt").to("cuda")
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(**batch, max_new_tokens=128, min_new_tokens=128, do_sample=False, cache_implementation="static")
+            torch.cuda.synchronize()
+            res.setdefault(f"static_generate_{n}", []).append(n * 128 / (time.perf_counter() - t))
+    return res
+
+
+def variants(model, tok, prompts, eos, out: Path) -> dict:
+    import torch
+
+    from stages.inference.batching import Engine, Sampling
+
+    res = {}
+
+    def measure(name, eng, n, temp):
+        def run(new):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            a = eng.generate(prompts[:n], Sampling(new, temperature=temp))
+            torch.cuda.synchronize()
+            return sum(len(x.ids) for x in a) / (time.perf_counter() - t)
+        t = time.perf_counter()
+        run(16)
+        first = time.perf_counter() - t
+        res[name] = {"first_s": round(first, 1), "tok_s": [round(run(128)) for _ in range(2)]}
+        print(name, res[name], flush=True)
+    for name, opts, sampling in (("perreq", {}, None), ("fixed", {}, (1.0, 1.0)),
+                                 ("fixed_c1", {"default_compile_level": 1}, (1.0, 1.0)),
+                                 ("perreq_c1", {"default_compile_level": 1}, None)):
+        try:
+            eng = Engine(model, tok, eos, 64 * 1024, opts, sampling=sampling)
+            try:
+                for n, temp in ((1, 0.0 if sampling is None else 1.0), (8, 1.0), (32, 1.0)):
+                    measure(f"{name}_{n}", eng, n, temp)
+            finally:
+                eng.close()
+        except Exception as e:  # a setting that fails is a result
+            res[name] = {"error": repr(e)[:500]}
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--shared", type=Path, default=SHARED)
+    args = ap.parse_args()
+    out = Path(os.environ.get("OUT", "/tmp"))
+    model, tok = make_model(QWEN3_8B, "cuda", "bfloat16", args.shared / "tokenizers" / "qwen3")
+    prompts = [served_prompt(tok, q) for q in real_questions(args.shared, 64)]
+    eos = {tok.convert_tokens_to_ids("<|im_end|>")}
+    for flag, fn in (("profile", profile), ("variants", variants)):
+        if getattr(args, flag):
+            (out / f"{flag}.json").write_text(json.dumps(fn(model, tok, prompts, eos, out), indent=1))
+
+
+if __name__ == "__main__":
+    main()
