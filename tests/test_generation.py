@@ -124,3 +124,53 @@ def test_the_api_refuses_a_request_past_a_kv_budget_smaller_than_the_context(mod
         assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] <= 4
     finally:
         served.close()
+
+
+def test_more_requests_than_the_default_thread_pool_share_the_batch(model_and_tok):
+    """A non-streamed request holds a worker thread for its whole generation: anyio's default
+    pool of 40 threads would cap the batch at 40. 48 requests at once must all be generating."""
+    import socket
+
+    import httpx2
+    import uvicorn
+
+    from stages.inference.app import build_app
+    from stages.inference.generation import ServedModel
+
+    model, tok = model_and_tok
+    served = ServedModel(model, tok, kv_tokens=48 * 512)
+    complete, lock, now, most = served.complete, threading.Lock(), [0], [0]
+
+    def counted(*args, **kwargs):  # how many generations are running at once
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            return complete(*args, **kwargs)
+        finally:
+            with lock:
+                now[0] -= 1
+    served.complete = counted
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(served, "tiny-test"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        client = httpx2.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=300,
+                               limits=httpx2.Limits(max_connections=64))
+        ask = lambda i: client.post("/v1/chat/completions", json={  # noqa: E731
+            "model": "tiny-test", "messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 400,
+            "temperature": 0}).status_code
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(48) as pool:
+            assert set(pool.map(ask, range(48))) == {200}
+        assert most[0] > 40, most[0]
+    finally:
+        server.should_exit = True
+        thread.join()
+        served.close()

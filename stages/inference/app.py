@@ -24,8 +24,10 @@ import json
 import threading
 import time
 import uuid
+from contextlib import asynccontextmanager
 from typing import Literal, Optional, Union
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -45,6 +47,7 @@ CHARS_PER_TOKEN = 16
 JSON_BYTES_PER_CHAR = 6  # the most a character takes in a JSON string: \uXXXX, json.dumps' default for non-ASCII
 BODY_SLACK_BYTES = 1 << 20  # the rest of a request: message wrappers, fields this server ignores (tools)
 MAX_IN_FLIGHT = 256  # answers the batch holds or queues at once: a longer queue only waits past clients' timeouts
+SPARE_THREADS = 16  # worker threads beyond one per request in flight: prompts being tokenized, /v1/models
 MAX_MESSAGES = 2048  # more turns than a conversation has; each is validated and templated before the token check
 MAX_CONTENT_PARTS = 64  # text parts of one message: clients send one or a few
 MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
@@ -177,7 +180,14 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
               time_limit: float = TIME_LIMIT_S) -> FastAPI:
     """The app serving `model` as `model_id`; extra_card adds fields to its /v1/models entry;
     a generation stops `time_limit` seconds after its request came. app.state.limits says the bounds."""
-    app = FastAPI(title=f"mindxtrain: {model_id}")
+    @asynccontextmanager
+    async def lifespan(_):
+        # Every request in flight holds a worker thread while it waits on the batch (a non-streamed
+        # one for its whole generation): anyio's default pool of 40 would cap the batch at 40.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = MAX_IN_FLIGHT + SPARE_THREADS
+        yield
+
+    app = FastAPI(title=f"mindxtrain: {model_id}", lifespan=lifespan)
     max_chars = model.context_length * CHARS_PER_TOKEN
     body_bytes = max_chars * JSON_BYTES_PER_CHAR + BODY_SLACK_BYTES
     app.add_middleware(Bounded, body_bytes=body_bytes, in_flight=MAX_IN_FLIGHT)
