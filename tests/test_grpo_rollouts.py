@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from bench.tiny import PROMPTS
+from conftest import REPO
 from stages.engine.recipe import TrainSection
 from stages.model.tiny import char_tokenizer
 from stages.train import grpo
@@ -25,7 +25,7 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                          head_dim=16, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:8]]
+    rows = [json.loads(line) for line in (REPO / "data" / "tiny" / "prompts.jsonl").read_text().splitlines()[:8]]
     train = Dataset.from_list([{"prompt": f"Q: {r['question']}\nA:", "reference": r["answer"]} for r in rows])
     t = TrainSection(method="grpo", peft="lora", lora={"r": 4, "alpha": 8}, max_steps=2, micro_batch_size=4,
                      num_generations=4, max_completion_length=12, reward="exact_answer", lr=1e-3)
