@@ -158,22 +158,14 @@ class Engine:
         return rid, waiting
 
     def _next(self, waiting: queue.Queue):
-        """The request's latest output, None after POLL_S without one; an error once the batch's
-        thread has died (its requests would never end). An output holds all the request's tokens so
-        far, so a caller that fell behind the batch takes the newest and skips the ones before: one
-        text update (one streamed chunk) instead of one per token."""
+        """The request's next output, None after POLL_S without one; an error once the batch's thread
+        has died (its requests would never end)."""
         try:
-            out = waiting.get(timeout=POLL_S)
+            return waiting.get(timeout=POLL_S)
         except queue.Empty:
             if not self.manager.is_running():
                 raise RuntimeError("the generation engine has stopped (its log says why)") from None
             return None
-        while not (out.error or out.is_finished()):
-            try:
-                out = waiting.get_nowait()
-            except queue.Empty:
-                break
-        return out
 
     def _finish(self, rid: str, cancel: bool) -> None:
         if cancel:
