@@ -26,22 +26,31 @@ from pathlib import Path
 from bench.generation_speed import QWEN3_8B, SHARED, make_model, real_questions, served_prompt
 
 
+def rate(eng, prompts, new: int, temp: float) -> float:
+    """Completion tokens per second of the engine answering all `prompts` at once."""
+    import torch
+
+    from stages.inference.batching import Sampling
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    answers = eng.generate(prompts, Sampling(new, temperature=temp))
+    torch.cuda.synchronize()
+    return sum(len(x.ids) for x in answers) / (time.perf_counter() - t)
+
+
 def profile(model, tok, prompts, eos, out: Path) -> dict:
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from stages.inference.batching import Engine, Sampling
+    from stages.inference.batching import Engine
 
     res = {}
     eng = Engine(model, tok, eos, 64 * 1024)
 
     def run(n, new=128, temp=0.0):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        a = eng.generate(prompts[:n], Sampling(new, temperature=temp))
-        torch.cuda.synchronize()
-        return sum(len(x.ids) for x in a) / (time.perf_counter() - t)
+        return rate(eng, prompts[:n], new, temp)
     for n in (1, 8, 32):
         run(n, 16)
         res[f"engine_{n}"] = [run(n), run(n)]
@@ -67,21 +76,15 @@ def profile(model, tok, prompts, eos, out: Path) -> dict:
 def variants(model, tok, prompts, eos, out: Path) -> dict:
     import torch
 
-    from stages.inference.batching import Engine, Sampling
+    from stages.inference.batching import Engine
 
     res = {}
 
     def measure(name, eng, n, temp):
-        def run(new):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            a = eng.generate(prompts[:n], Sampling(new, temperature=temp))
-            torch.cuda.synchronize()
-            return sum(len(x.ids) for x in a) / (time.perf_counter() - t)
         t = time.perf_counter()
-        run(16)
+        rate(eng, prompts[:n], 16, temp)
         first = time.perf_counter() - t
-        res[name] = {"first_s": round(first, 1), "tok_s": [round(run(128)) for _ in range(2)]}
+        res[name] = {"first_s": round(first, 1), "tok_s": [round(rate(eng, prompts[:n], 128, temp)) for _ in range(2)]}
         print(name, res[name], flush=True)
     for name, opts, sampling in (("perreq", {}, None), ("fixed", {}, (1.0, 1.0)),
                                  ("fixed_c1", {"default_compile_level": 1}, (1.0, 1.0)),

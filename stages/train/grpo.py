@@ -42,11 +42,10 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, eng
 
         longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
         pages = -(-args.generation_batch_size * longest // PAGE_TOKENS)
-        rollouts = EngineRollouts(model, tok, plan, pages * PAGE_TOKENS)
+        rollouts = EngineRollouts(tok, plan, pages * PAGE_TOKENS)
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                            processing_class=tok, peft_config=peft_config(t, method.peft_task), rollout_func=rollouts)
     if rollouts is not None:
-        rollouts.model = trainer.model  # the adapter-wrapped model the trainer trains
         trainer.add_callback(rollouts.closer())
     generate_eagerly(trainer.model, plan)
     return trainer
@@ -73,9 +72,8 @@ class EngineRollouts:
     one, 709-744 compiled; one stream 65 -> 77 -> 108 (two runs each,
     bench/results/generation_engine_variants_h200_2026-11-26.json)."""
 
-    def __init__(self, model, tok, plan: dict, kv_tokens: int):
-        self.model, self.tok, self.plan, self.kv_tokens, self.engine = model, tok, plan, kv_tokens, None
-        self.compiled = plan["device"] == "cuda"
+    def __init__(self, tok, plan: dict, kv_tokens: int):
+        self.tok, self.plan, self.kv_tokens, self.engine = tok, plan, kv_tokens, None
 
     def __call__(self, prompts: list[str], trainer) -> dict:
         from stages.inference.batching import Engine, Sampling
@@ -84,16 +82,17 @@ class EngineRollouts:
             raise ValueError("the generation engine samples with temperature and top_p only")
         sampling = (trainer.temperature, trainer.top_p)
         ids = self.tok(text=prompts)["input_ids"]  # as TRL tokenizes text prompts
-        training = self.model.training
-        self.model.eval()  # no adapter dropout while sampling
+        model, compiled = trainer.model, self.plan["device"] == "cuda"  # the adapter-wrapped model it trains
+        training = model.training
+        model.eval()  # no adapter dropout while sampling
         try:
-            with sdpa(self.model, self.plan, eager=not self.compiled), adapter_input_casting(self.model):
+            with sdpa(model, self.plan, eager=not compiled), adapter_input_casting(model):
                 if self.engine is None:
-                    self.engine = Engine(self.model, self.tok, set(trainer.eos_token_ids), self.kv_tokens,
-                                         {"default_compile_level": 1} if self.compiled else {}, sampling=sampling)
+                    self.engine = Engine(model, self.tok, set(trainer.eos_token_ids), self.kv_tokens,
+                                         {"default_compile_level": 1} if compiled else {}, sampling=sampling)
                 answers = self.engine.generate(ids, Sampling(trainer.max_completion_length, *sampling))
         finally:
-            self.model.train(training)
+            model.train(training)
         return {"prompt_ids": ids, "completion_ids": [a.ids for a in answers], "logprobs": None}
 
     def closer(self):
