@@ -1,4 +1,4 @@
-"""The plan stage's probe (stages/autotune.py) on real model shapes, on one GPU.
+"""The plan stage's probe (stages/train/autotune.py) on real model shapes, on one GPU.
 
 Writes a config.json of the named shape (random weights: speed does not depend on them),
 runs the same probe the plan stage runs, with the given budget, and prints every
@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from bench import tiny
@@ -116,13 +117,15 @@ def main() -> None:
                   "micro_batch_size": a.global_batch, "grad_accum": 1},
         "hardware": {"profile": "cpu" if a.tiny else "h100"}, "autotune": {"budget_seconds": a.budget}})
     peak = matmul_peak_tflops("cpu" if a.tiny else "cuda")
+    start = time.perf_counter()
     found = (tiny.probe if a.tiny else autotune.probe)(config_dir, recipe, logging.getLogger("probe"),
                                                        recipe.train.global_batch)
+    probe_seconds = round(time.perf_counter() - start, 1)
     out = Path(a.out or (tiny.results_path(name) if a.tiny else REPO / "bench" / "results" / name))
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"shape": a.shape, "peft": a.peft, "max_length": a.max_length, "global_batch": a.global_batch,
               "budget_seconds": a.budget, "flops_per_token": flops_per_token(SHAPES[a.shape], a.peft),
-              "matmul_peak_tflops": round(peak, 3), **found}
+              "matmul_peak_tflops": round(peak, 3), "probe_seconds": probe_seconds, **found}
     out.write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
 
@@ -130,7 +133,7 @@ def main() -> None:
 def print_table(r: dict) -> None:
     """The probe's measurements as a table (`python -c` over a results file prints it again)."""
     print(f"\n{r['shape']} {r['peft']} seq {r['max_length']} global batch {r['global_batch']}, "
-          f"budget {r['budget_seconds']:.0f} s")
+          f"budget {r['budget_seconds']:.0f} s, probe {r.get('probe_seconds', float('nan')):.0f} s")
     print(f"{'attention':34} {'ckpt':9} {'mb':>3} {'compile':>7} {'fusedCE':>7} "
           f"{'tokens/s':>9} {'MFU':>6} {'peak GiB':>9}")
     for m in r["measurements"]:

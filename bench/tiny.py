@@ -122,5 +122,5 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         return result
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return autotune.search(measure, autotune.attention_candidates({"hip": None}), batch,
+    return autotune.search(measure, autotune.attention_candidates({"hip": None}), batch, sequences * length,
                            time.monotonic() + recipe.autotune.budget_seconds, memory)

@@ -34,12 +34,13 @@ def fields(path: Path) -> dict:
 
 
 def test_autotune_probe_searches_on_the_cpu(tmp_path):
-    """As autotune_qwen3-8b_lora_2048_gb4_x2_after_p0.json: the probe's search, every measurement."""
+    """As autotune_qwen3-8b_lora_2048_gb8_h100_2026-11-26_run1.json: the probe's search, every
+    measurement, and the probe's wall time."""
     out = bench("autotune_probe", "--tiny", "--out", tmp_path / "probe.json")
     r = fields(tmp_path / "probe.json")
     assert set(r) == {"shape", "peft", "max_length", "global_batch", "budget_seconds", "flops_per_token",
-                      "matmul_peak_tflops", "decisions", "tokens_per_s", "measurements"}
-    assert set(r["decisions"]) == SETTING and r["shape"] == "tiny"
+                      "matmul_peak_tflops", "probe_seconds", "decisions", "tokens_per_s", "measurements"}
+    assert set(r["decisions"]) == SETTING and r["shape"] == "tiny" and 0 < r["probe_seconds"] < 60
     assert any("tokens_per_s" in m for m in r["measurements"])
     assert "decisions:" in out
 

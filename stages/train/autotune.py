@@ -4,17 +4,16 @@ says, micro-batches of packed sequences shaped as the method runs them: its row'
 stages/train/methods.py, two sequences per preference pair, a GRPO prompt plus its completion),
 inside a time budget.
 
-Candidates are tried in stages, each keeping the winner of the last: attention
-implementation; activation checkpointing (off / selective: every other layer / full)
-with, for each mode, micro-batches (divisors of the global batch) grown while they fit
-under the memory margin; then regional torch.compile (each decoder layer, and the loss) of
-every attention implementation that ran, fastest first (compiled, their order can
-change: flex attention gains most), and, compiled, the (checkpointing, micro-batch) frontier
-searched again, each mode at the largest micro-batch that fits (compiled layers hold fewer
-activations, so a micro-batch that did not fit may fit now); then a fused linear cross-entropy
-where its library is present. Whatever is not reached inside the budget keeps the best found so
-far. The weights are random: speed does not depend on them, and the plan must not depend on the
-data (editing a row does not re-plan). Steps run under bf16 autocast, as the Trainer's do.
+The search (search() says each step) measures what can win and rules out the rest by what
+earlier measurements show: compiled layers beat eager ones (1.6-1.7x for 8B LoRA on an H100),
+less recomputation beats more at the same micro-batch, a larger micro-batch beats a smaller one
+while it fits, and a micro-batch that cannot fit even at the memory floor is not compiled. One
+model is built and kept: attention implementations are switched on it, and compiling it (in
+place) comes after every eager measurement. A cold probe of qwen3_8b on an H100 so measures
+five or six settings, two of them compiled, instead of sixteen. Whatever is not reached inside
+the budget keeps the best found so far. The weights are random: speed does not depend on them,
+and the plan must not depend on the data (editing a row does not re-plan). Steps run under
+bf16 autocast, as the Trainer's do.
 """
 from __future__ import annotations
 
@@ -25,14 +24,23 @@ import time
 from pathlib import Path
 
 from stages.train.methods import METHODS
-from stages.train.settings import (apply_checkpointing, apply_settings, lora_config, nf4_config, rocm_env, sdpa_backend,
-                                   training_mode)
+from stages.train.settings import (apply_settings, compile_regions, lora_config, nf4_config, rocm_env, sdpa_backend,
+                                   switch_settings, training_mode)
 
 TIMED_STEPS = 3  # after one warm-up step; the median, so one step held up by the host does not decide
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
 DOCUMENT_MEDIAN = 450  # tokens: packed sequences are cut into documents of lognormal length
 # (at most an eighth of the sequence, so a sequence always holds several, as packed shards do:
 # attention then needs a per-document mask, which rules some kernels out)
+COMPILED_ONLY = {"flex_attention"}  # its eager path compiles its own kernel (20-30 s for an 8B on an
+# H100), which compiled layers compile again; it is measured compiled only
+MEMORY_FLOOR = 0.5  # compiled layers keep at least this share of the activations eager layers keep
+# (Qwen3-8B LoRA at 2048 on an H100: 10.6 of 16.5 GiB a sequence, 0.64): a micro-batch that
+# would not fit even then is not compiled
+SATURATING_TOKENS = 4096  # tokens per micro-batch past which doubling it gains less than
+# recomputation costs (8B LoRA compiled on an H100: micro-batch 2 -> 4 of 2048 gained 4%, selective
+# checkpointing at 4 cost 12%): once a lighter mode fits that many, heavier ones are not tried
+
 
 
 def attention_candidates(facts: dict) -> list[dict]:
@@ -54,86 +62,102 @@ def micro_batches(global_batch: int) -> list[int]:
     return [m for m in range(1, global_batch + 1) if global_batch % m == 0]
 
 
-def search(measure, attention: list[dict], global_batch: int, deadline: float, total_memory: int) -> dict:
+def search(measure, attention: list[dict], global_batch: int, example_tokens: int, deadline: float,
+           total_memory: int) -> dict:
     """The fastest setting found before the deadline. `measure(setting)` runs real steps and
-    returns {"tokens_per_s", "peak_bytes"} or {"error"}; every measurement is kept."""
-    tried = []
+    returns {"tokens_per_s", "peak_bytes", "resident_bytes"} or {"error"}; every measurement is
+    kept. Each step rules out what cannot win rather than measuring it:
 
-    def run(setting):
+    1. screen: each attention implementation eagerly at the safe setting (full checkpointing,
+       micro-batch 1): which run at all, and the fallback where nothing compiles;
+    2. reference: the fastest without checkpointing, still micro-batch 1, for the memory floor;
+    3. frontier, compiled, with the first attention (flex where offered, then the screened
+       fastest first): each checkpointing mode, least recomputation first, at its largest
+       micro-batch that fits. A heavier mode is tried only at micro-batches larger than a
+       lighter one fit (at the same micro-batch less recomputation is faster) and only until
+       a lighter one fits SATURATING_TOKENS;
+    4. every other attention that ran, compiled, at that winner's checkpointing and micro-batch;
+    5. nothing compiled ran: the frontier again, eager, with the screened fastest;
+    6. the fused cross-entropy where its library is present."""
+    tried = []
+    limit = total_memory * (1 - MEMORY_MARGIN)
+    sizes = sorted(micro_batches(global_batch), reverse=True)
+
+    def run(setting: dict) -> dict | None:
+        """The measurement of `setting` (an error included), None once time is up."""
         if time.monotonic() > deadline:
             return None
         result = measure(setting)
         tried.append({**setting, **result})
-        return None if "error" in result else result
+        return result
 
-    safe = {"gradient_checkpointing": "full", "micro_batch_size": 1, "compile": False,
-            "fused_cross_entropy": False}
-    best, best_speed, ran = None, 0.0, []
+    def fits(result) -> bool:
+        return result is not None and "error" not in result and result["peak_bytes"] <= limit
+
+    def too_big(result) -> bool:
+        return result is not None and ("OutOfMemoryError" in result.get("error", "") or
+                                       ("error" not in result and result["peak_bytes"] > limit))
+
+    safe = {"gradient_checkpointing": "full", "micro_batch_size": 1, "compile": False, "fused_cross_entropy": False}
+    screened = []
     for candidate in attention:
-        result = run({**candidate, **safe})
-        if result:
-            ran.append((result["tokens_per_s"], candidate))
-            if result["tokens_per_s"] > best_speed:
-                best, best_speed = {**candidate, **safe}, result["tokens_per_s"]
+        if candidate["attn_implementation"] not in COMPILED_ONLY:
+            result = run({**candidate, **safe})
+            if fits(result):
+                screened.append((result["tokens_per_s"], candidate))
+    screened = [c for _, c in sorted(screened, key=lambda s: -s[0])]
+    reference = run({**screened[0], **safe, "gradient_checkpointing": "off"}) if screened else None
+
+    def ruled_out(setting: dict) -> bool:
+        """Compiled without checkpointing, too big even at the memory floor."""
+        if not (setting["compile"] and setting["gradient_checkpointing"] == "off" and fits(reference)
+                and "resident_bytes" in reference):
+            return False
+        resident = reference["resident_bytes"]
+        activations = reference["peak_bytes"] - resident
+        return resident + setting["micro_batch_size"] * MEMORY_FLOOR * activations > limit
+
+    def frontier(base: dict) -> tuple[dict, float] | None:
+        found, above = None, 0
+        for mode in ("off", "selective", "full"):
+            if above * example_tokens >= SATURATING_TOKENS:
+                break
+            for mb in sizes:
+                setting = {**base, "gradient_checkpointing": mode, "micro_batch_size": mb}
+                if mb <= above:
+                    break
+                if ruled_out(setting):
+                    continue
+                result = run(setting)
+                if fits(result):
+                    if found is None or result["tokens_per_s"] > found[1]:
+                        found = (setting, result["tokens_per_s"])
+                    above = mb
+                    break
+                if not too_big(result):  # time is up, or this attention cannot run here
+                    return found
+        return found
+
+    compiled_order = [c for c in attention if c["attn_implementation"] in COMPILED_ONLY] + screened
+    best = None
+    for candidate in compiled_order:
+        if best is None:
+            best = frontier({**candidate, "compile": True, "fused_cross_entropy": False})
+            continue
+        setting = {**best[0], **candidate}
+        result = run(setting)
+        if fits(result) and result["tokens_per_s"] > best[1]:
+            best = (setting, result["tokens_per_s"])
+    if best is None and screened:
+        best = frontier({**screened[0], "compile": False, "fused_cross_entropy": False})
     if best is None:
         return {"decisions": None, "measurements": tried}
-    limit = total_memory * (1 - MEMORY_MARGIN)
-
-    def grow(base: dict, sizes: list[int]) -> tuple[int, float]:
-        """Micro-batches of `base`, smallest first, while they fit; the fastest becomes best.
-        Returns the largest micro-batch that fit (0: none) and the best speed among them."""
-        nonlocal best, best_speed
-        fit, fastest = 0, 0.0
-        for mb in sizes:
-            setting = {**base, "micro_batch_size": mb}
-            result = {"tokens_per_s": best_speed, "peak_bytes": 0} if setting == best else run(setting)
-            if result is None or result["peak_bytes"] > limit:
-                break  # larger micro-batches do not fit either (or time is up)
-            fit, fastest = mb, max(fastest, result["tokens_per_s"])
-            if result["tokens_per_s"] > best_speed:
-                best, best_speed = setting, result["tokens_per_s"]
-        return fit, fastest
-
-    def largest_fitting(base: dict, sizes: list[int]) -> None:
-        """The largest micro-batch of `base` that fits, tried largest first; it becomes best if
-        faster. Smaller ones are not tried: speed grows with the micro-batch as long as it fits
-        (fewer, larger kernels for the same tokens; so in every mode of every H100 probe here)."""
-        nonlocal best, best_speed
-        for mb in sorted(sizes, reverse=True):
-            setting = {**base, "micro_batch_size": mb}
-            if setting == best:
-                return
-            result = run(setting)
-            if result is not None and result["peak_bytes"] <= limit:
-                if result["tokens_per_s"] > best_speed:
-                    best, best_speed = setting, result["tokens_per_s"]
-                return
-
-    frontier = {mode: grow({**best, "gradient_checkpointing": mode}, micro_batches(global_batch))
-                for mode in ("off", "selective", "full")}
-    uncompiled = best_speed
-    for _, candidate in sorted(ran, key=lambda r: -r[0]):  # compiled kernels can reorder the attention
-        setting = {**best, **candidate, "compile": True}   # choices: compile each one that ran
-        result = run(setting)
-        if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > max(best_speed, uncompiled * 1.03):
-            best, best_speed = setting, result["tokens_per_s"]
-    if best["compile"]:
-        # Compiled layers hold fewer activations, so the (checkpointing, micro-batch) frontier moves:
-        # search it again compiled, least recomputation first (a near tie uncompiled, decided by noise,
-        # must not decide which modes are ever compiled). Each compiled micro-batch costs a compile
-        # (half a minute for an 8B model), so each mode tries only its largest micro-batch that fits,
-        # largest first down to the one that fit uncompiled; and a mode whose best uncompiled speed,
-        # times the gain compiling gave, could not come within 5% of the best is skipped.
-        gain = best_speed / uncompiled
-        for mode, (fit, fastest) in frontier.items():
-            if fastest * gain >= 0.95 * best_speed:
-                largest_fitting({**best, "gradient_checkpointing": mode},
-                                [m for m in micro_batches(global_batch) if m >= max(fit, 1)])
     if fused_cross_entropy_available():
-        result = run({**best, "fused_cross_entropy": True})
-        if result and result["peak_bytes"] <= limit and result["tokens_per_s"] > best_speed * 1.03:
-            best, best_speed = {**best, "fused_cross_entropy": True}, result["tokens_per_s"]
-    return {"decisions": best, "tokens_per_s": best_speed, "measurements": tried}
+        setting = {**best[0], "fused_cross_entropy": True}
+        result = run(setting)
+        if fits(result) and result["tokens_per_s"] > best[1] * 1.03:
+            best = (setting, result["tokens_per_s"])
+    return {"decisions": best[0], "tokens_per_s": best[1], "measurements": tried}
 
 
 def fused_cross_entropy_available() -> bool:
@@ -165,7 +189,7 @@ def packed_batch(micro_batch: int, length: int, vocab: int, seed: int = 0):
 
 
 def probe(config_dir, recipe, log, batch: int) -> dict:
-    """Build the run's model on the GPU and search micro-batches that divide `batch` (one
+    """Build the run's model on the GPU once and search micro-batches that divide `batch` (one
     process's share of the global batch); returns search()'s result."""
     import os
 
@@ -181,8 +205,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
 
     weights = tempfile.TemporaryDirectory(prefix="mindxtrain-probe-")  # qlora: random weights to load in 4-bit
 
-    def build(setting):
-        os.environ.update(rocm_env(setting["rocm_fa_library"]))
+    def build():
         if t.peft == "qlora":  # bitsandbytes quantizes while loading, so the 4-bit model comes from saved weights
             if not any(Path(weights.name).iterdir()):
                 AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(weights.name)
@@ -198,28 +221,40 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
 
             model = get_peft_model(model, lora_config(t))
         model.train()
-        apply_settings(model, setting)
         return model
 
-    built = {"key": None, "model": None}  # one model per attention/compile/fused-loss choice
+    # the one model: "graph" is what its compiled layers were last traced for, None while eager
+    held = {"model": None, "fused": None, "graph": None}
 
     def model_for(setting):
-        # uncompiled, SDPA's backends share one model (the backend is chosen around each step: an 8B
-        # build costs seconds); compiled, the traced graph holds the backend and the micro-batch
-        # (static shapes, as training compiles them), so each gets a fresh compile
-        key = tuple(setting[k] for k in ("attn_implementation", "rocm_fa_library", "compile", "fused_cross_entropy"))
-        if setting["compile"]:
-            key += (setting["sdpa_backend"], setting["micro_batch_size"])
-        if built["key"] != key:
-            built.update(key=None, model=None)
+        """The model brought to `setting`. Built again only for a fused loss (bound at build) or
+        to run eagerly once compiled (the search compiles after every eager measurement);
+        compiled in place the first time a setting asks. A compiled graph holds the attention,
+        its SDPA backend and the micro-batch (static shapes, as training compiles them), so
+        changing one drops the graphs and the next step compiles afresh."""
+        os.environ.update(rocm_env(setting["rocm_fa_library"]))
+        graph = tuple(setting[k] for k in ("attn_implementation", "sdpa_backend", "rocm_fa_library",
+                                            "micro_batch_size")) if setting["compile"] else None
+        if (held["model"] is None or held["fused"] != setting["fused_cross_entropy"]
+                or (held["graph"] and not graph)):
+            held.update(model=None)
             torch.cuda.empty_cache()
             torch.compiler.reset()
-            built.update(key=key, model=build(setting))
-        apply_checkpointing(built["model"], setting["gradient_checkpointing"])
-        return built["model"]
+            model = build()
+            apply_settings(model, setting)
+            held.update(model=model, fused=setting["fused_cross_entropy"], graph=graph)
+            return model
+        model = held["model"]
+        switch_settings(model, setting)
+        if graph and held["graph"] is None:
+            compile_regions(model)
+        elif graph and held["graph"] != graph:
+            torch.compiler.reset()
+        held["graph"] = graph
+        return model
 
     def measure(setting) -> dict:
-        model = optimizer = None
+        optimizer = None
         began = time.monotonic()
         try:
             model = model_for(setting)
@@ -240,11 +275,13 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
                     times.append(time.perf_counter() - start)
             seconds = statistics.median(times[1:])
             result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
-                      "peak_bytes": torch.cuda.max_memory_allocated(), "step_seconds": round(seconds, 4)}
+                      "peak_bytes": torch.cuda.max_memory_allocated(),
+                      "resident_bytes": torch.cuda.memory_allocated(),  # weights, optimizer state: no activations
+                      "step_seconds": round(seconds, 4)}
         except Exception as e:  # OOM, a backend that cannot run these shapes: recorded, the search goes on
             result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-            if model is not None:
-                model.zero_grad(set_to_none=True)
+            if held["model"] is not None:
+                held["model"].zero_grad(set_to_none=True)
         del optimizer
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -252,9 +289,9 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         log.info("probe %s -> %s", setting, result)
         return result
 
-    found = search(measure, attention_candidates({"hip": torch.version.hip}),
-                   batch, deadline, total)
-    built.update(key=None, model=None)
+    rows, length = batch_shape(recipe, 1)
+    found = search(measure, attention_candidates({"hip": torch.version.hip}), batch, rows * length, deadline, total)
+    held.update(model=None)
     weights.cleanup()
     torch.cuda.empty_cache()
     torch.compiler.reset()

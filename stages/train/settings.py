@@ -131,14 +131,20 @@ def compile_regions(model) -> None:
     base.loss_function = torch.compile(base.loss_function, options=COMPILE_OPTIONS)
 
 
-def apply_settings(model, s: dict) -> None:
-    """Everything in a setting that acts on a built model (the probe and training alike)."""
+def switch_settings(model, s: dict) -> None:
+    """The part of a setting that can change on a built model as often as wanted: attention
+    (with ROCm's flash library) and checkpointing. The probe switches them on its one model."""
     if s["rocm_fa_library"]:
         import torch
 
         torch.backends.cuda.preferred_rocm_fa_library(s["rocm_fa_library"])
     model.set_attn_implementation(s["attn_implementation"])
     apply_checkpointing(model, s["gradient_checkpointing"])
+
+
+def apply_settings(model, s: dict) -> None:
+    """Everything in a setting that acts on a built model (the probe and training alike)."""
+    switch_settings(model, s)
     if s["compile"]:
         compile_regions(model)
     if s["fused_cross_entropy"]:
