@@ -193,9 +193,12 @@ def test_clients_that_leave_free_the_model_at_once(server):
     quarter of a second later: the next request is answered in less than half the time one such
     answer takes, not after the abandoned generations would have ended."""
     model, c = server.models[0].id, server.client
-    start = time.monotonic()
-    whole = c.chat.completions.create(model=model, messages=LONG, temperature=2, seed=0)
-    alone_s = time.monotonic() - start
+    for _ in range(3):  # sampled: an end token can come early (the server does not seed requests)
+        start = time.monotonic()
+        whole = c.chat.completions.create(model=model, messages=LONG, temperature=2, seed=0)
+        alone_s = time.monotonic() - start
+        if whole.usage.total_tokens == 1024:
+            break
     assert whole.usage.total_tokens == 1024, whole.usage  # it runs to the end of the context
     with ThreadPoolExecutor(4) as leavers:
         for _ in range(4):

@@ -173,10 +173,13 @@ class Engine:
         with self.lock:
             self.waiting.pop(rid, None)
 
-    def tokens(self, ids: list[int], s: Sampling, cancel: threading.Event | None = None):
+    def tokens(self, ids: list[int], s: Sampling, cancel: threading.Event | None = None, texts: bool = True):
         """Yields the text of the answer so far each time it grows (held back where it could be the
         start of a stop string), then the Generated answer. Ends early, and frees the request's
-        pages, when `cancel` is set or the deadline passes."""
+        pages, when `cancel` is set or the deadline passes. With `texts` off (a caller that wants
+        the answer only) and no stop string, the tokens are decoded once, at the end: decoding
+        every request's whole answer at every step, in a thread per request, held the GIL the
+        batch's own thread needs."""
         rid, waiting = self._submit(ids, s, streaming=True)
         new: list[int] = []
         done = False
@@ -189,13 +192,18 @@ class Engine:
                     continue
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
-                new = list(out.generated_tokens)
+                new = out.generated_tokens
+                if not (texts or s.stop or out.is_finished()):
+                    continue
+                new = list(new)
                 text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
                 if stopped or out.is_finished():
                     done = out.is_finished()
                     yield self._answer(new, text, stopped, s)
                     return
-                yield text
+                if texts:
+                    yield text
+            new = list(new)
             text = self.tok.decode(new, skip_special_tokens=True)
             yield Generated(new, "length", cut_at_stop(text, s.stop)[0])
         finally:

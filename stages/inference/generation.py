@@ -64,7 +64,7 @@ class ServedModel:
         return set(eos if isinstance(eos, list) else [eos]) | {self.tok.eos_token_id}
 
     def complete(self, ids: list[int], s: Settings, cancel: threading.Event | None = None) -> Generated:
-        for piece in self.engine.tokens(ids, s.sampling(), cancel):
+        for piece in self.engine.tokens(ids, s.sampling(), cancel, texts=False):
             if isinstance(piece, Generated):
                 return piece
         raise AssertionError("the engine ends every request with its answer")
