@@ -129,11 +129,10 @@ def test_the_api_refuses_a_request_past_a_kv_budget_smaller_than_the_context(mod
 def test_more_requests_than_the_default_thread_pool_share_the_batch(model_and_tok):
     """A non-streamed request holds a worker thread for its whole generation: anyio's default
     pool of 40 threads would cap the batch at 40. 48 requests at once must all be generating."""
-    import socket
-
     import httpx2
     import uvicorn
 
+    from conftest import free_port
     from stages.inference.app import build_app
     from stages.inference.generation import ServedModel
 
@@ -151,9 +150,7 @@ def test_more_requests_than_the_default_thread_pool_share_the_batch(model_and_to
             with lock:
                 now[0] -= 1
     served.complete = counted
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(served, "tiny-test"), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -193,19 +193,16 @@ class Engine:
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
                 new = out.generated_tokens
-                if not (texts or s.stop or out.is_finished()):
-                    continue
-                new = list(new)
-                text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
-                if stopped or out.is_finished():
-                    done = out.is_finished()
-                    yield self._answer(new, text, stopped, s)
-                    return
-                if texts:
-                    yield text
-            new = list(new)
+                if texts or s.stop or out.is_finished():
+                    text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
+                    if stopped or out.is_finished():
+                        done = out.is_finished()
+                        yield self._answer(list(new), text, stopped, s)
+                        return
+                    if texts:
+                        yield text
             text = self.tok.decode(new, skip_special_tokens=True)
-            yield Generated(new, "length", cut_at_stop(text, s.stop)[0])
+            yield Generated(list(new), "length", cut_at_stop(text, s.stop)[0])
         finally:
             self._finish(rid, cancel=not done)
 

@@ -42,7 +42,6 @@ SATURATING_TOKENS = 4096  # tokens per micro-batch past which doubling it gains 
 # checkpointing at 4 cost 12%): once a lighter mode fits that many, heavier ones are not tried
 
 
-
 def attention_candidates(facts: dict) -> list[dict]:
     """Attention implementations worth timing on this device. On ROCm the flash backend
     comes from one of two libraries, AOTriton or CK, chosen by torch's switch."""
@@ -123,9 +122,9 @@ def search(measure, attention: list[dict], global_batch: int, example_tokens: in
             if above * example_tokens >= SATURATING_TOKENS:
                 break
             for mb in sizes:
-                setting = {**base, "gradient_checkpointing": mode, "micro_batch_size": mb}
                 if mb <= above:
                     break
+                setting = {**base, "gradient_checkpointing": mode, "micro_batch_size": mb}
                 if ruled_out(setting):
                     continue
                 result = run(setting)
