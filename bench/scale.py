@@ -1,6 +1,6 @@
 """Training throughput on 1, 2 and 4 GPUs of one host: the real checkpoint stage (doit ->
-torchrun -> FSDP2) beside TRL's SFTTrainer under accelerate's FSDP2, on the same base, rows and
-GPUs, one run after the other.
+torchrun -> DDP or FSDP2, as the plan splits the model) beside TRL's SFTTrainer under
+accelerate's FSDP2, on the same base, rows and GPUs, one run after the other.
 
 Workloads (Qwen3 shapes, random weights from the base stage, bf16, sequences of 2048):
   8b_lora    Qwen3-8B shape, LoRA r16 alpha 32 on every linear layer, at 1, 2 and 4 GPUs
@@ -15,7 +15,9 @@ batch exact: 4 x 4 accumulated on one GPU, 4 x 1 on each of four). Rows: real ch
          under --work: the base stage makes the weights (on the GPU: its wall time is reported),
          the shards stage packs the rows, the plan with autotune off (the probe measures one
          unsharded GPU: issue 38 item 3), so full activation checkpointing and SDPA, as the
-         peer's gradient checkpointing
+         peer's gradient checkpointing; hardware.sharding auto, so a LoRA base that fits one GPU
+         is replicated (DDP) and anything else is sharded with FSDP2 (stages/plan.replica_fits)
+  fsdp2  ours with hardware.sharding fsdp2: the same LoRA runs sharded, for the comparison
   peer   TRL's SFTTrainer in torchrun's processes, the Trainer's accelerate FSDP2 with the same
          FSDP settings as ours (stages/train/trainer.distributed_args), TRL's fastest settings
          that need no extra library: BFD packing, padding-free batches, SDPA, its default
@@ -33,7 +35,11 @@ process. Also measured: the base stage's wall time (twice for 8b_lora with --twi
 separate project builds it again and the digests are compared) and the store's BLAKE3 hashing
 speed over the base's weights, with every core and with one.
 
-    python -m bench.scale [--workloads 8b_lora,32b_lora] [--gpus 1,2,4] [--repeat 3] [--out FILE]
+    python -m bench.scale [--workloads 8b_lora,32b_lora] [--gpus 1,2,4] [--sides ours,fsdp2@4,peer@4]
+                          [--repeat 3] [--out FILE]
+
+--sides: which sides run, each at the GPU counts after its @ (default: every count of --gpus);
+fsdp2 runs for LoRA workloads at 2 GPUs or more only (a full fine-tune is sharded either way).
 
 --tiny: the tiny recipe's model on the CPU, LoRA in 1 and 2 processes and full in 2 (gloo DDP:
 accelerate shards with FSDP on accelerators only), 6 steps of sequences of 256 (a smoke test, not
@@ -86,14 +92,14 @@ def model_config(shape: str) -> dict:
             "tokenizer": "models/qwen3-tokenizer", "tie_word_embeddings": False, "dtype": "bfloat16", "seed": 0}
 
 
-def recipe(shape: str, peft: str, gpus: int, seed: int, profile: str) -> dict:
+def recipe(shape: str, peft: str, gpus: int, seed: int, profile: str, sharding: str = "auto") -> dict:
     return {"model": {"config": model_config(shape)},
             "data": {"sources": [{"path": "data/rows.jsonl", "format": "chat"}], "heldout_fraction": 0.0,
                      "max_length": MAX_LENGTH},
             "train": {"method": "sft", "peft": peft, **({"lora": {"r": 16, "alpha": 32}} if peft == "lora" else {}),
                       "lr": 1e-4, "max_steps": STEPS, "micro_batch_size": MICRO, "grad_accum": GLOBAL_BATCH // MICRO,
                       "warmup_steps": 1, "save_steps": 10 * STEPS, "seed": seed},
-            "hardware": {"profile": profile, "gpus": gpus},
+            "hardware": {"profile": profile, "gpus": gpus, "sharding": sharding},
             "autotune": {"enabled": False}}
 
 
@@ -146,10 +152,13 @@ def run_ours(project: Path, name: str, gpus: int, log: Path, flops: int, peak_tf
     _, meta = artifact(project, name, "checkpoint")
     shards, _ = artifact(project, name, "shards")
     stats = json.loads((shards / "stats.json").read_text())
+    plan, _ = artifact(project, name, "plan")
+    split = json.loads((plan / "plan.json").read_text())["decisions"].get("sharding")
     timed = meta["run"]["step_seconds"][WARMUP - 1:]  # step_seconds starts at the second step
     tokens = len(timed) * GLOBAL_BATCH * MAX_LENGTH * stats["packing_efficiency"]
     peak = meta["run"].get("peak_gpu_memory_bytes") or 0
-    return {**figures(tokens, sum(timed), gpus, peak, flops, peak_tflops), "step_seconds_median": statistics.median(timed)}
+    return {**figures(tokens, sum(timed), gpus, peak, flops, peak_tflops), "step_seconds_median": statistics.median(timed),
+            "sharding": "fsdp2" if split else ("ddp" if gpus > 1 else None)}
 
 
 def run_peer(project: Path, name: str, gpus: int, peft: str, seed: int, work: Path, log: Path, flops: int,
@@ -169,7 +178,8 @@ def run_peer(project: Path, name: str, gpus: int, peft: str, seed: int, work: Pa
         raise RuntimeError(f"the TRL peer on {gpus} process(es) failed (exit {p.returncode}): see {log}")
     r = json.loads(Path(spec["out"]).read_text())
     return {**figures(r["tokens"], r["seconds"], gpus, r["peak_bytes"], flops, peak_tflops),
-            "step_seconds_median": r["step_seconds_median"]}
+            "step_seconds_median": r["step_seconds_median"], "sharding": "fsdp2" if gpus > 1 and DEVICE == "cuda" else
+            ("ddp" if gpus > 1 else None)}
 
 
 def peer_child(spec_path: str) -> None:
@@ -272,7 +282,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="8b_lora,14b_full,32b_lora")
     ap.add_argument("--gpus", default="1,2,4", help="GPU counts to run (each workload runs those of its own it lists)")
     ap.add_argument("--repeat", type=int, default=1, help="fresh runs of each configuration")
-    ap.add_argument("--only", choices=("ours", "peer"), help="one side only")
+    ap.add_argument("--sides", default="ours,fsdp2,peer", help="ours, fsdp2, peer, each with @counts to run it at "
+                                                                "those GPU counts only, e.g. ours,fsdp2@4,peer@4")
     ap.add_argument("--twice", action="store_true", help="build 8b_lora's base a second time in another project "
                                                          "and compare the digests")
     ap.add_argument("--work", type=Path, help="work directory (a project is made there; kept between calls)")
@@ -285,6 +296,7 @@ def main() -> None:
     if a.tiny:
         use_tiny()
         a.workloads, a.gpus, a.rows, a.tokenizer = "tiny_lora,tiny_full", "1,2", a.rows or tiny.CHAT, None
+        a.sides = "ours,peer"  # on the CPU every several-process run is DDP over gloo
     work = a.work or Path(tempfile.mkdtemp(prefix="scale-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "builds.log"
@@ -302,10 +314,15 @@ def main() -> None:
     results = json.loads(out.read_text()) if out.exists() else {"runs": []}  # a call cut short goes on
     results.update(gpu=gpu_name, gpus_visible=visible, matmul_peak_tflops=round(peak_tflops, 1),
                    max_length=MAX_LENGTH, global_batch=GLOBAL_BATCH, steps=STEPS, warmup=WARMUP, rows=str(a.rows or
-                   "bench/data_prep.py real corpus"), settings="autotune off: full activation checkpointing, SDPA"
+                   "bench/data_prep.py real corpus"), settings="autotune off: full activation checkpointing, SDPA; "
+                   "ours: hardware.sharding auto (DDP where a LoRA base fits one GPU), fsdp2: FSDP2"
                    if DEVICE == "cuda" else "the CPU's plan")
     results.setdefault("base", {})
     wanted = [int(g) for g in a.gpus.split(",")]
+    sides = {}
+    for spec in a.sides.split(","):
+        side, _, counts = spec.partition("@")
+        sides[side] = [int(g) for g in counts.split("+")] if counts else wanted
 
     def save():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -333,45 +350,53 @@ def main() -> None:
                     logging.info("base %s: %s", workload, results["base"][workload])
                     save()
                 common = {"model": model, "method": "lora" if peft == "lora" else "full", "gpus": gpus, "repeat": repeat}
-                sides = [s for s in ("ours", "peer") if a.only in (None, s)]
-                for side in sides:
-                    done = [r for r in results["runs"] if {**common, "peer": side == "peer"}.items() <= r.items()]
+                for side in [s for s in ("ours", "fsdp2", "peer") if gpus in sides.get(s, [])]:
+                    if side == "fsdp2" and (peft != "lora" or gpus == 1):
+                        continue
+                    done = [r for r in results["runs"] if {**common, "side": side}.items() <= r.items()]
                     if any("error" not in r for r in done):
                         continue  # done in an earlier call
                     results["runs"] = [r for r in results["runs"] if r not in done]  # a failed try is tried again
                     try:
                         if side == "ours":
                             r = run_ours(project, name, gpus, log, flops, peak_tflops)
+                        elif side == "fsdp2":
+                            (project / "recipes" / f"{name}_fsdp2.yaml").write_text(
+                                json.dumps(recipe(shape, peft, gpus, repeat, profile, "fsdp2")))
+                            r = run_ours(project, f"{name}_fsdp2", gpus, log, flops, peak_tflops)
                         else:
                             doit(project, f"base:{name}", log)
                             r = run_peer(project, name, gpus, peft, repeat, work, log, flops, peak_tflops)
                     except RuntimeError as e:
                         r = {"error": str(e), "log_tail": log.read_text()[-1500:]}
-                    results["runs"].append({**common, **r, "peer": side == "peer"})
+                    results["runs"].append({**common, **r, "side": side, "peer": side == "peer"})
                     logging.info("%s %s", side, results["runs"][-1])
                     save()
     print(table(results))
 
 
 def table(results: dict) -> str:
-    """The runs as a table, with scaling efficiency (tokens/s over GPUs x one GPU's, per side and
-    repeat) and ours over the peer at each GPU count."""
+    """The runs as a table, with scaling efficiency (tokens/s over GPUs x one GPU's of the same
+    repeat: ours for fsdp2, which has no one-GPU run) and each of ours over the peer at its GPU count."""
     lines = [f"{results['gpu']}: {results['matmul_peak_tflops']} TFLOP/s bf16 matmul peak; "
              f"{results['global_batch']} x {results['max_length']} per step, {results['settings']}",
-             f"{'model':18} {'method':6} {'GPUs':>4} {'side':5} {'tokens/s':>9} {'per GPU':>8} {'MFU':>6} {'GiB/GPU':>8} "
-             f"{'scaling':>8} {'vs peer':>8}"]
+             f"{'model':18} {'method':6} {'GPUs':>4} {'side':5} {'split':5} {'tokens/s':>9} {'per GPU':>8} {'MFU':>6} "
+             f"{'GiB/GPU':>8} {'scaling':>8} {'vs peer':>8}"]
     runs = results["runs"]
+
+    def find(r, side, gpus):
+        return next((o for o in runs if "error" not in o and o["side"] == side and o["gpus"] == gpus
+                     and all(o[k] == r[k] for k in ("model", "method", "repeat"))), None)
+
     for r in runs:
         if "error" in r:
-            lines.append(f"{r['model']:18} {r['method']:6} {r['gpus']:>4} {'peer' if r['peer'] else 'ours':5} {r['error']}")
+            lines.append(f"{r['model']:18} {r['method']:6} {r['gpus']:>4} {r['side']:5} {r['error']}")
             continue
-        same = {k: r[k] for k in ("model", "method", "repeat", "peer")}
-        one = next((o for o in runs if "error" not in o and o["gpus"] == 1 and same.items() <= o.items()), None)
+        one = find(r, "ours" if r["side"] == "fsdp2" else r["side"], 1)
         scaling = f"{r['tokens_per_s'] / (r['gpus'] * one['tokens_per_s']):.0%}" if one and r["gpus"] > 1 else ""
-        peer = next((o for o in runs if "error" not in o and o["peer"] and not r["peer"] and o["gpus"] == r["gpus"]
-                     and {**same, "peer": True}.items() <= o.items()), None)
+        peer = find(r, "peer", r["gpus"]) if r["side"] != "peer" else None
         versus = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else ""
-        lines.append(f"{r['model']:18} {r['method']:6} {r['gpus']:>4} {'peer' if r['peer'] else 'ours':5} "
+        lines.append(f"{r['model']:18} {r['method']:6} {r['gpus']:>4} {r['side']:5} {r['sharding'] or '':5} "
                      f"{r['tokens_per_s']:>9.0f} {r['tokens_per_s_per_gpu']:>8.0f} {r['mfu']:>6.1%} "
                      f"{r['peak_gib_per_gpu']:>8.1f} {scaling:>8} {versus:>8}")
     return "\n".join(lines)

@@ -231,13 +231,33 @@ def test_grpo_in_two_processes_trains_and_writes_what_one_writes(methods):
 
 def test_the_plan_of_several_gpu_processes_names_its_sharding():
     """plan.json's `sharding` is what the Trainer is given: FSDP2 for several GPU processes,
-    nothing (DDP over gloo) on the CPU or for one process."""
+    nothing (DDP over gloo) on the CPU or for one process, and nothing (DDP replicas) for a LoRA
+    run whose replica fits one GPU: probed there, or a base of at most half its memory without a
+    probe. A full fine-tune, or hardware.sharding: fsdp2, is always sharded."""
+    import yaml
+
+    from stages.engine.recipe import Recipe
+    from stages.plan import replica_fits
     from stages.train.settings import sharding
     from stages.train.trainer import distributed_args
 
     fsdp = distributed_args({"sharding": sharding(4, "cuda")})
     assert fsdp["fsdp"] is True and fsdp["fsdp_config"]["version"] == 2
     assert distributed_args({"sharding": sharding(1, "cuda")}) == distributed_args({"sharding": sharding(2, "cpu")}) == {}
+    assert sharding(4, "cuda", replica_fits=True) is None
+
+    def recipe(peft: str, split: str = "auto"):
+        raw = yaml.safe_load((REPO / "recipes" / "tiny_lora.yaml").read_text())
+        raw["train"]["peft"] = peft
+        raw["hardware"] = {"profile": "h100", "gpus": 4, "sharding": split}
+        return Recipe.model_validate(raw)
+
+    gib = 2**30
+    assert replica_fits(recipe("lora"), False, 16 * gib, 80 * gib)  # Qwen3-8B's weights on an H100
+    assert not replica_fits(recipe("lora"), False, 61 * gib, 80 * gib)  # Qwen3-32B's
+    assert replica_fits(recipe("lora"), True, 61 * gib, 141 * gib)  # the probe ran it whole on one GPU
+    assert not replica_fits(recipe("none"), True, 1 * gib, 80 * gib)  # a full fine-tune shards its optimizer state
+    assert not replica_fits(recipe("lora", "fsdp2"), True, 1 * gib, 80 * gib)
 
 
 def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, monkeypatch):

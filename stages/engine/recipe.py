@@ -157,6 +157,8 @@ class TrainSection(Section):
 class HardwareSection(Section):
     profile: Literal["cpu", "h100", "h200", "mi300x", "gfx1100", "gfx1151"] = "cpu"
     gpus: int = Field(1, ge=1)
+    sharding: Literal["auto", "fsdp2"] = "auto"  # auto: each GPU holds the whole model where a LoRA run's
+    # replica fits one (DDP: only the adapter's gradients cross GPUs), FSDP2 otherwise; fsdp2: always shard
 
     @model_validator(mode="after")
     def mi300x_topology(self):

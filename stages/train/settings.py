@@ -23,13 +23,16 @@ def nodes() -> int:
     return int(value)
 
 
-def sharding(processes: int, device: str) -> dict | None:
-    """How the plan shards a run of several GPU processes: FSDP2 through the Trainer's accelerate
+def sharding(processes: int, device: str, replica_fits: bool = False) -> dict | None:
+    """How the plan splits a run of several GPU processes: FSDP2 through the Trainer's accelerate
     (parameters, gradients and optimizer state sharded per decoder layer, resharded after each
-    forward, the full weights gathered for saving); None for one process, and on CPU, where
-    accelerate 1.15 turns its FSDP plugin on only for accelerator devices (AcceleratorState
-    leaves a CPU run MULTI_CPU, and would ignore an fsdp_config): the processes run DDP over gloo."""
-    if processes == 1 or device == "cpu":
+    forward, the full weights gathered for saving), or None: every process holds the whole model
+    and the Trainer runs DDP. None for one process; for a run whose replica fits one GPU
+    (`replica_fits`: a LoRA run, whose only gradients are the adapter's, so DDP moves megabytes a
+    step where FSDP2 gathers every weight twice); and on CPU, where accelerate 1.15 turns its FSDP
+    plugin on only for accelerator devices (AcceleratorState leaves a CPU run MULTI_CPU, and
+    would ignore an fsdp_config): the processes run DDP over gloo."""
+    if processes == 1 or device == "cpu" or replica_fits:
         return None
     return {"version": 2, "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT"}
 
