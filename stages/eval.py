@@ -7,7 +7,8 @@ by stages/scoring/harness.py, no hub access), and the metrics eval.json reports.
 match of the greedy answer to the reference (prompt rendered with the model's chat template),
 and per-token perplexity of the reference answer and its end-of-turn token given the prompt: the
 tokens training puts loss on; text: perplexity; preference pairs: margin and preference accuracy;
-prompts: GRPO's reward. A method with a scoring head (reward) is scored on how it ranks held-out
+prompts: GRPO's reward. On a GPU the generative tasks decode in the generation engine's
+continuous batch (stages/scoring/engine_lm.py; 1.4-3.1x lm-eval's batched generate on an H100). A method with a scoring head (reward) is scored on how it ranks held-out
 pairs (stages/scoring/reward_ranking.py). Scoring the base model too makes eval.json show the
 gain; scoring each quantized model beside the trained one, with its size (size_bytes: the weight
 files), shows what each scheme costs in accuracy for what it saves.
@@ -72,9 +73,10 @@ def build(ctx, out: Path) -> None:
             export = quantized / scheme
             models.append((report.setdefault("quantized", {}), scheme,
                            lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
+        on_gpu = device() == "cuda"  # the engine's continuous batch; on the CPU generate was faster (serving.md)
         for where, name, load, size in ctx.progress(models, desc="scoring", unit=" models"):
             ctx.log.debug("scoring %s on %d held-out rows", name, len(docs))
-            scores = kind.scores(harness.results(load(), tok, configs, settings))
+            scores = kind.scores(harness.results(load(), tok, configs, settings, engine=on_gpu))
             where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
             ctx.log.debug("%s: %s", name, where[name])
         report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in q if m != "size_bytes"}

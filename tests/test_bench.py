@@ -164,3 +164,14 @@ def test_scale_builds_through_doit_and_runs_the_trl_peer(tmp_path):
         ("lora", 1, False), ("lora", 1, True), ("lora", 2, False), ("lora", 2, True), ("full", 2, False), ("full", 2, True)]
     assert all(set(x) == set(run) for x in r["runs"]), r["runs"]
     assert set(r["base"]["tiny_lora"]) == set(real["base"]["8b_lora"])
+
+
+def test_eval_speed_runs_hflm_and_the_engine_side_by_side(tmp_path):
+    """As eval_speed_h100_2026-11-26_32.json: both sides on the same requests, each run timed,
+    the ratio's min and median; fp32 on the CPU: the same answers."""
+    bench("eval_speed", "--tiny", "--out", tmp_path / "eval.json")
+    r = fields(tmp_path / "eval.json")
+    real = fields(REPO / "bench" / "results" / "eval_speed_h100_2026-11-26_32.json")
+    assert set(real) - set(r) == {"note"}
+    assert len(r["runs"]) == 2 and all(set(x) == set(real["runs"][0]) for x in r["runs"])
+    assert r["same_answers"] == r["requests"] == 12

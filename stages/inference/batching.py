@@ -74,6 +74,12 @@ def kv_budget_tokens(model) -> int:
     return max(PAGE_TOKENS, tokens // PAGE_TOKENS * PAGE_TOKENS)
 
 
+def end_ids(model, tok) -> set[int]:
+    """The tokens that end an answer: the model's generation config's and the tokenizer's end."""
+    eos = model.generation_config.eos_token_id
+    return (set(eos if isinstance(eos, list) else [eos]) | {tok.eos_token_id}) - {None}
+
+
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     """The text up to the first stop string (which OpenAI's API leaves out), and whether one occurred."""
     at = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)

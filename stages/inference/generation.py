@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from stages.data.render import render
-from stages.inference.batching import Engine, Generated, Sampling
+from stages.inference.batching import Engine, Generated, Sampling, end_ids
 from stages.inference.served import Served
 from stages.model.trained import load_trained, placement
 
@@ -49,7 +49,7 @@ class ServedModel:
 
     def __init__(self, model, tok, kv_tokens: int | None = None, options: dict | None = None):
         self.model, self.tok = model.eval(), tok
-        self.engine = Engine(self.model, self.tok, self._eos_ids(), kv_tokens, options)
+        self.engine = Engine(self.model, self.tok, end_ids(self.model, tok), kv_tokens, options)
         self.kv_tokens = self.engine.kv_tokens
         self.context_length = min(self.model.config.max_position_embeddings, self.kv_tokens)
 
@@ -58,10 +58,6 @@ class ServedModel:
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.tok(render(self.tok, messages, generation_prompt=True))["input_ids"]
-
-    def _eos_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        return set(eos if isinstance(eos, list) else [eos]) | {self.tok.eos_token_id}
 
     def complete(self, ids: list[int], s: Settings, cancel: threading.Event | None = None) -> Generated:
         for piece in self.engine.tokens(ids, s.sampling(), cancel, texts=False):
