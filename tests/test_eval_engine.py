@@ -50,3 +50,35 @@ def test_the_engine_answers_what_hflm_answers(model_and_tok):
     theirs = hflm.generate_until(instances(requests))
     assert ours.generate_until(instances(requests)) == theirs
     assert theirs[:4] == raw and len(theirs[4]) < len(raw[0]) and len(theirs[5]) < len(raw[1])  # cut at a stop
+
+
+def test_the_eval_stage_scores_the_same_through_the_engine(model_and_tok):
+    """harness.results, as the eval stage calls it (the chat kind's exact-match and perplexity
+    tasks through lm-eval's simple_evaluate), gives the same results with engine on and off; the
+    references are HFLM's own greedy answers, so exact match is 1 only where the engine's
+    answers are HFLM's."""
+    from types import SimpleNamespace
+
+    from lm_eval.models.huggingface import HFLM
+
+    from stages.data.kinds import chat
+    from stages.scoring import harness
+
+    model, tok = model_and_tok
+    questions = [f"What is {a} + {b}?" for a, b in ((1, 2), (12, 30), (7, 7), (40, 2), (9, 10))]
+
+    def docs_answering(answers):
+        rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+                for q, a in zip(questions, answers)]
+        return chat.heldout_docs(rows, tok, model.config.max_position_embeddings)
+
+    placeholder = docs_answering(["?"] * len(questions))
+    kwargs = {"until": [tok.eos_token], "max_gen_toks": 12, "do_sample": False}
+    greedy = HFLM(pretrained=model, tokenizer=tok, batch_size=2).generate_until(
+        instances([(d["prompt"], kwargs) for d in placeholder]))
+    docs = docs_answering([g.strip() for g in greedy])
+    configs = harness.task_configs(chat.tasks(docs, tok.eos_token, 12, None), docs)
+    settings = SimpleNamespace(batch_size=2)
+    off, on = (harness.results(model, tok, configs, settings, engine=e) for e in (False, True))
+    assert off["heldout_exact_match"]["exact_match,strip"] == 1.0
+    assert on == off
