@@ -111,6 +111,17 @@ def split(recipe, processes: int, base: Path, probed: bool) -> dict | None:
     return settings.sharding(processes, "cuda", fits)
 
 
+def nothing_ran(measurements: list[dict], processes: int) -> str:
+    """The plan's one line where no probed setting ran a step. The probe measures one unsharded
+    GPU: a run of several processes whose every setting ran out of memory there can still train
+    sharded, with the safe settings."""
+    if processes > 1 and measurements and all("OutOfMemoryError" in m.get("error", "") for m in measurements):
+        return (f"plan: the probe measures one unsharded GPU and no setting fit one; to train sharded over the "
+                f"{processes} processes (FSDP2) with full checkpointing and SDPA, set autotune.enabled: false")
+    return ("plan: no attention implementation ran a training step on these shapes; "
+            "see the plan log, check data.max_length and the GPU")
+
+
 def build(ctx, out: Path) -> None:
     r = ctx.recipe
     facts = device_facts(r.hardware)
@@ -142,8 +153,7 @@ def build(ctx, out: Path) -> None:
             found = autotune.probe(ctx.upstream["base"], r, ctx.log, micro * accumulation)
             ctx.run["probe"] = found
             if found["decisions"] is None:
-                raise UserError("plan: no attention implementation ran a training step on these shapes; "
-                                "see the plan log, check data.max_length and the GPU")
+                raise UserError(nothing_ran(found["measurements"], processes))
             decisions.update(found["decisions"])
             decisions["grad_accum"] = micro * accumulation // decisions["micro_batch_size"]
             decisions["env"] = {**decisions["env"], **settings.rocm_env(decisions["rocm_fa_library"])}

@@ -260,6 +260,17 @@ def test_the_plan_of_several_gpu_processes_names_its_sharding():
     assert not replica_fits(recipe("lora", "fsdp2"), True, 1 * gib, 80 * gib)
 
 
+def test_a_sharded_run_that_fits_no_single_gpu_is_told_to_plan_without_the_probe():
+    """The probe measures one unsharded GPU: where every setting ran out of memory there, a run of
+    several processes is told how to train sharded; anything else gets the general line."""
+    from stages.plan import nothing_ran
+
+    oom = [{"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}] * 3
+    assert "autotune.enabled: false" in nothing_ran(oom, 4) and "4 processes" in nothing_ran(oom, 4)
+    assert "autotune.enabled: false" not in nothing_ran(oom, 1)
+    assert "autotune.enabled: false" not in nothing_ran(oom + [{"error": "RuntimeError: no kernel"}], 4)
+
+
 def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, monkeypatch):
     """trainer.gathered_state, which only FSDP reaches (accelerate turns it on for accelerators
     only), on a LoRA model sharded by torch's fully_shard over one gloo process: each trainable
