@@ -1,6 +1,7 @@
 """The eval stage's generation, side by side on one model in one run: lm-eval's HFLM
 (generate over padded batches of eval.batch_size) against stages/scoring/engine_lm.EngineLM (the
-same requests in the generation engine's continuous batch), alternating, each run fresh.
+same requests in the generation engine's continuous batch), alternating, after one untimed call
+of each on a few of the requests.
 
 Requests are the chat kind's exact-match task (stages/data/kinds/chat.py): real questions
 (GSM8K's test split) rendered through the model's chat template, greedy, until the end-of-turn
@@ -104,6 +105,8 @@ def main() -> None:
     out = a.out or (tiny.results_path("eval_speed.json") if a.tiny else
                     REPO / "bench" / "results" / f"eval_speed_{kind}_{datetime.date.today().isoformat()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    for lm in sides.values():  # untimed: the GPU's first generate (kernels loaded, cuBLAS set up), each side's
+        lm.generate_until(reqs[:8], disable_tqdm=True)
     runs, answers = [], {}
     for _ in range(a.repeat):  # the file is written after every run: a call cut short keeps what ran
         run = {}

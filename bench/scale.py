@@ -38,8 +38,9 @@ speed over the base's weights, with every core and with one.
     python -m bench.scale [--workloads 8b_lora,32b_lora] [--gpus 1,2,4] [--sides ours,fsdp2@4,peer@4]
                           [--repeat 3] [--out FILE]
 
---sides: which sides run, each at the GPU counts after its @ (default: every count of --gpus);
-fsdp2 runs for LoRA workloads at 2 GPUs or more only (a full fine-tune is sharded either way).
+--sides: which sides run (ours, fsdp2, peer), each at the GPU counts after its @, joined by +
+(peer@2+4; default: every count of --gpus); fsdp2 runs for LoRA workloads at 2 GPUs or more only
+(a full fine-tune is sharded either way).
 
 --tiny: the tiny recipe's model on the CPU, LoRA in 1 and 2 processes and full in 2 (gloo DDP:
 accelerate shards with FSDP on accelerators only), 6 steps of sequences of 256 (a smoke test, not
@@ -322,6 +323,8 @@ def main() -> None:
     sides = {}
     for spec in a.sides.split(","):
         side, _, counts = spec.partition("@")
+        if side not in ("ours", "fsdp2", "peer"):
+            ap.error(f"--sides: {side!r} is not one of ours, fsdp2, peer")
         sides[side] = [int(g) for g in counts.split("+")] if counts else wanted
 
     def save():
@@ -382,7 +385,8 @@ def table(results: dict) -> str:
              f"{results['global_batch']} x {results['max_length']} per step, {results['settings']}",
              f"{'model':18} {'method':6} {'GPUs':>4} {'side':5} {'split':5} {'tokens/s':>9} {'per GPU':>8} {'MFU':>6} "
              f"{'GiB/GPU':>8} {'scaling':>8} {'vs peer':>8}"]
-    runs = results["runs"]
+    runs = [{"side": "peer" if r["peer"] else "ours", "sharding": None, **r} for r in results["runs"]]  # files
+    # written before the fsdp2 side have neither field
 
     def find(r, side, gpus):
         return next((o for o in runs if "error" not in o and o["side"] == side and o["gpus"] == gpus

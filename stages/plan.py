@@ -117,7 +117,8 @@ def nothing_ran(measurements: list[dict], processes: int) -> str:
     sharded, with the safe settings."""
     if processes > 1 and measurements and all("OutOfMemoryError" in m.get("error", "") for m in measurements):
         return (f"plan: the probe measures one unsharded GPU and no setting fit one; to train sharded over the "
-                f"{processes} processes (FSDP2) with full checkpointing and SDPA, set autotune.enabled: false")
+                f"{processes} processes (FSDP2) with full checkpointing and SDPA, set autotune.enabled: false "
+                f"and hardware.sharding: fsdp2")
     return ("plan: no attention implementation ran a training step on these shapes; "
             "see the plan log, check data.max_length and the GPU")
 

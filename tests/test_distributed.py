@@ -260,13 +260,38 @@ def test_the_plan_of_several_gpu_processes_names_its_sharding():
     assert not replica_fits(recipe("lora", "fsdp2"), True, 1 * gib, 80 * gib)
 
 
+def test_the_plan_splits_by_the_base_weights_and_the_gpu_memory_without_a_probe(tmp_path, monkeypatch):
+    """plan.split reads the base's weight files and the first GPU's memory: an 8B's 16 GB of
+    safetensors on an 80 GB card is replicated, on a 24 GB card sharded; one process is never split."""
+    from types import SimpleNamespace
+
+    import torch
+    import yaml
+
+    from stages.engine.recipe import Recipe
+    from stages.plan import split
+
+    raw = yaml.safe_load((REPO / "recipes" / "tiny_lora.yaml").read_text())
+    raw["hardware"] = {"profile": "h100", "gpus": 2}
+    recipe = Recipe.model_validate(raw)
+    with open(tmp_path / "model-00001-of-00002.safetensors", "wb") as f:
+        f.truncate(8 * 10**9)  # sparse: sizes are what split reads
+    with open(tmp_path / "model-00002-of-00002.safetensors", "wb") as f:
+        f.truncate(8 * 10**9)
+    for gib, replicated in ((80, True), (24, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=gib * 2**30))
+        assert (split(recipe, 2, tmp_path, probed=False) is None) == replicated, gib
+    assert split(recipe, 1, tmp_path, probed=False) is None
+
+
 def test_a_sharded_run_that_fits_no_single_gpu_is_told_to_plan_without_the_probe():
     """The probe measures one unsharded GPU: where every setting ran out of memory there, a run of
     several processes is told how to train sharded; anything else gets the general line."""
     from stages.plan import nothing_ran
 
     oom = [{"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}] * 3
-    assert "autotune.enabled: false" in nothing_ran(oom, 4) and "4 processes" in nothing_ran(oom, 4)
+    told = nothing_ran(oom, 4)
+    assert "autotune.enabled: false" in told and "hardware.sharding: fsdp2" in told and "4 processes" in told
     assert "autotune.enabled: false" not in nothing_ran(oom, 1)
     assert "autotune.enabled: false" not in nothing_ran(oom + [{"error": "RuntimeError: no kernel"}], 4)
 

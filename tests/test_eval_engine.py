@@ -50,6 +50,14 @@ def test_the_engine_answers_what_hflm_answers(model_and_tok):
     theirs = hflm.generate_until(instances(requests))
     assert ours.generate_until(instances(requests)) == theirs
     assert theirs[:4] == raw and len(theirs[4]) < len(raw[0]) and len(theirs[5]) < len(raw[1])  # cut at a stop
+    import torch
+
+    sampled = instances([(p, {"until": ["\n"], "max_gen_toks": 7, "do_sample": True, "temperature": 0.7})
+                         for p in prompts[:2]])
+    torch.manual_seed(1)
+    mine = ours.generate_until(sampled)  # HFLM's own generate, seeded alike
+    torch.manual_seed(1)
+    assert mine == hflm.generate_until(sampled)
 
 
 def test_the_eval_stage_scores_the_same_through_the_engine(model_and_tok):
@@ -82,3 +90,20 @@ def test_the_eval_stage_scores_the_same_through_the_engine(model_and_tok):
     off, on = (harness.results(model, tok, configs, settings, engine=e) for e in (False, True))
     assert off["heldout_exact_match"]["exact_match,strip"] == 1.0
     assert on == off
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_engine_answers_what_hflm_answers(model_and_tok):
+    """The same in fp32 on a GPU, where the eval stage uses the engine (its decode step a CUDA graph)."""
+    import copy
+
+    from lm_eval.models.huggingface import HFLM
+
+    from stages.scoring.engine_lm import EngineLM
+
+    model, tok = model_and_tok
+    model = copy.deepcopy(model).cuda()
+    args = dict(pretrained=model, tokenizer=tok, batch_size=3, max_length=96)
+    kwargs = {"until": [], "max_gen_toks": 24, "do_sample": False}
+    requests = instances([(p, kwargs) for p in ["What is 12 + 30?", "Name a colour.", "x", "Say hello " * 12]])
+    assert EngineLM(**args, eos_ids={tok.eos_token_id}).generate_until(requests) == HFLM(**args).generate_until(requests)

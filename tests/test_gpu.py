@@ -229,4 +229,5 @@ def test_grpo_in_two_gpu_processes_trains_and_writes_what_one_writes(fresh):
     print("GRPO, 2 GPUs:", rows)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(math.isfinite(r["loss"]) and 0 <= r["reward"] <= 1 for r in rows)
+    assert any(r["grad_norm"] > 0 for r in rows)  # some step moved the weights (a reward to learn from)
     assert files(fresh, "grpo1") == files(fresh, "grpo2")

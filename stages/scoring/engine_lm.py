@@ -1,14 +1,17 @@
-"""lm-eval's HFLM with its generate_until answered by the generation engine
+"""lm-eval's HFLM with its greedy generate_until answered by the generation engine
 (stages/inference/batching.py): every request of a group in one continuous batch, each ending
 when it ends, where HFLM runs padded batches of `batch_size` through generate and every row of
 a batch steps until its longest one ends. Loglikelihood and everything else stay HFLM's.
 
 Each request is prepared as HFLM prepares it (lm-eval's normalize_gen_kwargs and
 handle_stop_sequences, the context left-truncated to max_length - max_gen_toks by HFLM's own
-tok_encode, the think token stripped and the text post-processed by HFLM's rules), so the
-answers are HFLM's: greedy, the same strings on the CPU in fp32 (tests/test_eval.py). The
+tok_encode, the text cut at the first stop string by lm-eval's postprocess), so the answers are
+HFLM's: the same strings in fp32 on the CPU (tests/test_eval_engine.py). What the engine does not
+do as HFLM does goes to HFLM's own generate_until: sampled requests (the batch's random stream
+cannot be seeded per request), generation settings beyond greedy's, and think tokens. The
 engine is made for one generate_until call and closed after it, so its KV cache never holds
-memory that the loglikelihood batches need."""
+memory that the loglikelihood batches need. A request decodes to its end-of-text or its length;
+stop strings cut the text afterwards (the project's tasks stop at end-of-text only)."""
 from __future__ import annotations
 
 import json
@@ -17,6 +20,8 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from stages.inference.batching import Engine, Sampling
+
+GREEDY_KEYS = {"do_sample", "temperature", "until", "max_gen_toks"}  # normalized kwargs the engine takes
 
 
 class EngineLM(HFLM):
@@ -28,34 +33,32 @@ class EngineLM(HFLM):
         groups: dict[str, list[int]] = {}  # requests of the same generation kwargs decode alike
         for i, request in enumerate(requests):
             groups.setdefault(json.dumps(request.args[1], sort_keys=True, default=str), []).append(i)
-        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         answers: list[str | None] = [None] * len(requests)
-        engine = Engine(self.model, self.tokenizer, self.eos_ids)
+        elsewhere = []  # what HFLM answers itself
+        engine = None
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         try:
             for indices in groups.values():
                 kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
+                if kwargs.get("do_sample") or set(kwargs) - GREEDY_KEYS or self.think_end_token is not None:
+                    elsewhere += indices
+                    continue
                 until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
                 max_gen_toks = kwargs.pop("max_gen_toks")
-                sampled = kwargs.get("do_sample", False)
-                sampling = Sampling(max_gen_toks, temperature=kwargs.get("temperature", 1.0) if sampled else 0.0,
-                                    top_p=kwargs.get("top_p", 1.0) if sampled else 1.0, stop=until)
+                assert self.max_length > max_gen_toks, (
+                    f"requested max tokens to generate ({max_gen_toks}) must be less than the model's maximum "
+                    f"sequence length ({self.max_length})")
                 prompts = [self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
                            for i in indices]
-                for i, generated in zip(indices, engine.generate(prompts, sampling)):
-                    answers[i] = self._text(generated.ids, until)
+                engine = engine or Engine(self.model, self.tokenizer, self.eos_ids)
+                for i, generated in zip(indices, engine.generate(prompts, Sampling(max_gen_toks, stop=until))):
+                    answers[i] = postprocess_generated_text(generation=self.tok_decode(generated.ids), stop=until,
+                                                            think_end_token=None)
                     self.cache_hook.add_partial("generate_until", requests[i].args, answers[i])
         finally:
-            engine.close()
+            if engine is not None:
+                engine.close()
+        if elsewhere:
+            for i, answer in zip(elsewhere, super().generate_until([requests[i] for i in elsewhere], disable_tqdm)):
+                answers[i] = answer
         return answers
-
-    def _text(self, ids: list[int], until: list[str]) -> str:
-        """HFLM's answer from its new tokens: after the last think-end token where that is a
-        token id, decoded, cut at the first stop string (and after a think-end string)."""
-        think = self.think_end_token
-        if isinstance(think, int) and think in ids:
-            ids = ids[len(ids) - ids[::-1].index(think):]
-        text = self.tok_decode(ids)
-        if isinstance(think, int):
-            text = text.lstrip()
-        return postprocess_generated_text(generation=text, stop=until,
-                                          think_end_token=think if isinstance(think, str) else None)
