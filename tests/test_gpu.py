@@ -219,7 +219,7 @@ def test_grpo_in_two_gpu_processes_trains_and_writes_what_one_writes(fresh):
     process): each process samples its half of the prompts' completions from its own random
     stream, so its losses cannot match one process's step for step; it finishes every step with
     finite figures and writes what one process writes. It starts from tiny's SFT model, trained
-    here on the GPU."""
+    here on the GPU. With LoRA the two processes are replicas (DDP) and it trains too."""
     gpu_recipe(fresh, "tiny", "tiny", 1, max_steps=60)  # recipes/tiny_grpo.yaml reads artifacts/tiny/latest
     build(fresh, "checkpoint:tiny")
     for gpus in (1, 2):
@@ -231,3 +231,10 @@ def test_grpo_in_two_gpu_processes_trains_and_writes_what_one_writes(fresh):
     assert all(math.isfinite(r["loss"]) and 0 <= r["reward"] <= 1 for r in rows)
     assert any(r["grad_norm"] > 0 for r in rows)  # some step moved the weights (a reward to learn from)
     assert files(fresh, "grpo1") == files(fresh, "grpo2")
+    gpu_recipe(fresh, "tiny_grpo", "grpo2_lora", 2, max_steps=4, save_steps=2, peft="lora", lr=0.002)
+    build(fresh, "checkpoint:grpo2_lora")  # LoRA: each process a whole replica (DDP), TRL's generate on it
+    assert json.loads((stored(fresh, "grpo2_lora", "plan") / "plan.json").read_text())["decisions"]["sharding"] is None
+    rows = metrics(fresh, "grpo2_lora")
+    print("GRPO LoRA, 2 GPUs:", rows)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(math.isfinite(r["loss"]) for r in rows)
+    assert (stored(fresh, "grpo2_lora") / "adapter" / "adapter_model.safetensors").is_file()
