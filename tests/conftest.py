@@ -99,6 +99,23 @@ def build_beside(built: Path, tmp_path_factory, recipe: str) -> tuple[Path, Run]
     return project, doit(project, f"manifest:{recipe}", env={"PYTHONHASHSEED": "1"})
 
 
+@pytest.fixture(scope="module")
+def model_and_tok():
+    """A small random Qwen3 in fp32 on the CPU and the tiny model's character tokenizer: the
+    generation engine's and the eval engine's tests compare answers on it."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from stages.model.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), tok
+
+
 @pytest.fixture
 def fresh(tmp_path) -> Path:
     """A private copy of the project with an empty store."""

@@ -13,21 +13,6 @@ from stages.inference.batching import Engine, Generated, Sampling
 
 
 @pytest.fixture(scope="module")
-def model_and_tok():
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    from stages.model.tiny import char_tokenizer
-
-    tok = char_tokenizer()
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), tok
-
-
-@pytest.fixture(scope="module")
 def engine(model_and_tok):
     model, tok = model_and_tok
     e = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)

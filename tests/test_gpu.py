@@ -140,19 +140,25 @@ def near(one: list[float], two: list[float]) -> bool:
     return abs(one[0] - two[0]) < FIRST_STEP and max(abs(x - y) for x, y in zip(one, two)) < LATER_STEPS
 
 
+def one_gpu_and_two(project, base: str, name: str) -> None:
+    """recipes/<base>.yaml for 6 steps as <name>1 on one GPU and <name>2 on two: the losses within
+    bf16's bounds of each other, and the same files."""
+    for gpus in (1, 2):
+        gpu_recipe(project, base, f"{name}{gpus}", gpus, max_steps=6, save_steps=3)
+        build(project, f"checkpoint:{name}{gpus}")
+    one, two = ([m["loss"] for m in metrics(project, f"{name}{g}")] for g in (1, 2))
+    print(f"{name} losses, 1 GPU: {one}, 2 GPUs: {two}")
+    assert len(one) == len(two) == 6 and near(one, two)
+    assert files(project, f"{name}1") == files(project, f"{name}2")
+
+
 @two_gpus
 def test_fsdp2_on_two_gpus_matches_one_gpu(fresh):
     """hardware.gpus: 2 on CUDA, a full fine-tune: FSDP2 through the Trainer
     (stages/train/trainer.distributed_args), each GPU half of the global batch; the loss per step
     is one GPU's on the same sequences, and rank 0 writes the same files."""
-    for gpus in (1, 2):
-        gpu_recipe(fresh, "tiny", f"gpus{gpus}", gpus, max_steps=6, save_steps=3)
-        build(fresh, f"checkpoint:gpus{gpus}")
+    one_gpu_and_two(fresh, "tiny", "gpus")
     assert json.loads((stored(fresh, "gpus2", "plan") / "plan.json").read_text())["decisions"]["sharding"]["version"] == 2
-    one, two = ([m["loss"] for m in metrics(fresh, f"gpus{g}")] for g in (1, 2))
-    print("losses, 1 GPU:", one, "2 GPUs (FSDP2):", two)
-    assert len(one) == len(two) == 6 and near(one, two)
-    assert files(fresh, "gpus1") == files(fresh, "gpus2")
 
 
 @two_gpus
@@ -204,13 +210,7 @@ def test_a_two_gpu_run_killed_mid_way_resumes_to_the_uninterrupted_bytes(fresh):
 def test_dpo_in_two_gpu_processes_matches_one(fresh):
     """DPO in two GPU processes (FSDP2: a full fine-tune), each half of every step's pairs: its
     losses are one GPU's within bf16's bounds, and rank 0 writes what one process writes."""
-    for gpus in (1, 2):
-        gpu_recipe(fresh, "tiny_dpo", f"dpo{gpus}", gpus, max_steps=6, save_steps=3)
-        build(fresh, f"checkpoint:dpo{gpus}")
-    one, two = ([m["loss"] for m in metrics(fresh, f"dpo{g}")] for g in (1, 2))
-    print("DPO losses, 1 GPU:", one, "2 GPUs:", two)
-    assert len(one) == len(two) == 6 and near(one, two)
-    assert files(fresh, "dpo1") == files(fresh, "dpo2")
+    one_gpu_and_two(fresh, "tiny_dpo", "dpo")
 
 
 @two_gpus
