@@ -284,6 +284,20 @@ def test_the_plan_splits_by_the_base_weights_and_the_gpu_memory_without_a_probe(
     assert split(recipe, 1, tmp_path, probed=False) is None
 
 
+def test_replicas_that_ran_out_of_memory_are_told_to_shard():
+    """A replicated GPU run (plan.json's sharding null, several processes) that ran out of memory
+    is told to set hardware.sharding: fsdp2; a sharded, single-process or CPU run, or another
+    failure, gets the plain line."""
+    from stages.train.distributed import failed
+
+    replicas = {"device": "cuda", "sharding": None}
+    assert "hardware.sharding: fsdp2" in failed(2, 1, replicas, out_of_memory=True)
+    assert "hardware.sharding" not in failed(2, 1, replicas, out_of_memory=False)
+    assert "hardware.sharding" not in failed(1, 1, replicas, out_of_memory=True)
+    assert "hardware.sharding" not in failed(2, 1, {"device": "cuda", "sharding": {"version": 2}}, out_of_memory=True)
+    assert "hardware.sharding" not in failed(2, 1, {"device": "cpu", "sharding": None}, out_of_memory=True)
+
+
 def test_a_sharded_run_that_fits_no_single_gpu_is_told_to_plan_without_the_probe():
     """The probe measures one unsharded GPU: where every setting ran out of memory there, a run of
     several processes is told how to train sharded; anything else gets the general line."""

@@ -55,18 +55,29 @@ def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
         command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(), "--nproc-per-node",
                    str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
         log.info("training in %d processes: %s", processes, " ".join(command))
+    out_of_memory = False
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[2]) as proc:  # where `stages` imports from
         for line in proc.stdout:
             sys.stderr.write(line)
             log.debug("%s", line.rstrip())
+            out_of_memory = out_of_memory or "OutOfMemoryError" in line
     if proc.returncode:
-        raise RuntimeError(f"checkpoint: training in {processes} process(es) failed (exit {proc.returncode}); "
-                           f"the processes' output is above and in the stage log")
+        raise RuntimeError(failed(processes, proc.returncode, spec["plan"], out_of_memory))
     if not (work / "run.json").exists():
         raise UserError(f"checkpoint: node {os.environ.get('NODE_RANK')} of {nodes()} trained its processes; "
                         f"the artifact is written on node 0: build there, then doit push there and doit pull here")
     run.update(json.loads((work / "run.json").read_text()))
+
+
+def failed(processes: int, code: int, plan: dict, out_of_memory: bool) -> str:
+    """The stage's line when training failed; where GPU replicas ran out of memory, how to shard."""
+    line = (f"checkpoint: training in {processes} process(es) failed (exit {code}); "
+            f"the processes' output is above and in the stage log")
+    if out_of_memory and processes > 1 and plan["device"] == "cuda" and plan.get("sharding") is None:
+        line += ("; each GPU held a whole replica of the model and ran out of memory: set hardware.sharding: fsdp2 "
+                 "to shard it (docs/distributed.md)")
+    return line
 
 
 def main(spec_path: str) -> None:
