@@ -38,6 +38,10 @@ speed over the base's weights, with every core and with one.
     python -m bench.scale [--workloads 8b_lora,32b_lora] [--gpus 1,2,4] [--sides ours,fsdp2@4,peer@4]
                           [--repeat 3] [--out FILE]
 
+--tuned: each side's fastest settings instead of the safe ones: ours with autotune on (the probe's
+plan; a replicated run is what the probe measures), the peer without gradient checkpointing and with
+the Trainer's torch_compile (TRL's best on one GPU, bench/train_speed.py).
+
 --sides: which sides run (ours, fsdp2, peer), each at the GPU counts after its @, joined by +
 (peer@2+4; default: every count of --gpus); fsdp2 runs for LoRA workloads at 2 GPUs or more only
 (a full fine-tune is sharded either way).
@@ -75,6 +79,7 @@ SHAPES = {**SHAPES,
 WORKLOADS = {"8b_lora": ("qwen3-8b", "lora", (1, 2, 4)), "14b_full": ("qwen3-14b", "none", (2, 4)),
              "32b_lora": ("qwen3-32b", "lora", (4,))}
 DEVICE = "cuda"
+TUNED = False  # --tuned: each side's fastest settings instead of the safe ones
 
 
 def use_tiny() -> None:
@@ -101,7 +106,7 @@ def recipe(shape: str, peft: str, gpus: int, seed: int, profile: str, sharding: 
                       "lr": 1e-4, "max_steps": STEPS, "micro_batch_size": MICRO, "grad_accum": GLOBAL_BATCH // MICRO,
                       "warmup_steps": 1, "save_steps": 10 * STEPS, "seed": seed},
             "hardware": {"profile": profile, "gpus": gpus, "sharding": sharding},
-            "autotune": {"enabled": False}}
+            "autotune": {"enabled": TUNED, "budget_seconds": 300}}
 
 
 def make_project(work: Path, rows: Path, tokenizer_dir: Path | None) -> Path:
@@ -167,7 +172,7 @@ def run_peer(project: Path, name: str, gpus: int, peft: str, seed: int, work: Pa
     """TRL in `gpus` fresh processes (torchrun), on the base and rows `name`'s build used."""
     base, _ = artifact(project, name, "base")
     spec = {"base": str(base), "rows": str(project / "data" / "rows.jsonl"), "peft": peft, "seed": seed,
-            "out": str(work / f"peer_{name}.json"), "tiny": DEVICE == "cpu"}
+            "out": str(work / f"peer_{name}.json"), "tiny": DEVICE == "cpu", "tuned": TUNED}
     (work / "peer_spec.json").write_text(json.dumps(spec))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
                "-m", "bench.scale", "--peer-child", str(work / "peer_spec.json")]
@@ -215,7 +220,8 @@ def peer_child(spec_path: str) -> None:
                      gradient_accumulation_steps=GLOBAL_BATCH // MICRO // world, max_length=MAX_LENGTH, packing=True,
                      padding_free=True, bf16=DEVICE == "cuda", use_cpu=DEVICE == "cpu", learning_rate=1e-4,
                      warmup_steps=1, logging_steps=1, report_to="none", save_strategy="no", seed=spec["seed"],
-                     data_seed=spec["seed"], dataloader_num_workers=0,
+                     data_seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=not spec["tuned"],
+                     torch_compile=spec["tuned"] and DEVICE == "cuda",
                      **distributed_args({"sharding": sharding(world, DEVICE)}))
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(docs), processing_class=tok,
@@ -280,8 +286,11 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--peer-child":
         return peer_child(sys.argv[2])
     ap = argparse.ArgumentParser(description="ours (doit -> torchrun -> FSDP2) and TRL + accelerate FSDP2 at 1-4 GPUs")
-    ap.add_argument("--workloads", default="8b_lora,14b_full,32b_lora")
-    ap.add_argument("--gpus", default="1,2,4", help="GPU counts to run (each workload runs those of its own it lists)")
+    ap.add_argument("--workloads", help="default 8b_lora,14b_full,32b_lora (--tiny: tiny_lora,tiny_full)")
+    ap.add_argument("--gpus", help="GPU counts to run, default 1,2,4 (--tiny: 1,2); each workload runs those of its "
+                                   "own it lists")
+    ap.add_argument("--tuned", action="store_true", help="each side's fastest settings: ours planned by the probe, "
+                                                         "the peer without gradient checkpointing and compiled")
     ap.add_argument("--repeat", type=int, default=1, help="fresh runs of each configuration")
     ap.add_argument("--sides", default="ours,fsdp2,peer", help="ours, fsdp2, peer, each with @counts to run it at "
                                                                 "those GPU counts only, e.g. ours,fsdp2@4,peer@4")
@@ -294,10 +303,14 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU: a smoke test, not a measurement")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    global TUNED
+    TUNED = a.tuned
     if a.tiny:
         use_tiny()
-        a.workloads, a.gpus, a.rows, a.tokenizer = "tiny_lora,tiny_full", "1,2", a.rows or tiny.CHAT, None
+        a.workloads, a.gpus = a.workloads or "tiny_lora,tiny_full", a.gpus or "1,2"
+        a.rows, a.tokenizer = a.rows or tiny.CHAT, None
         a.sides = "ours,peer"  # on the CPU every several-process run is DDP over gloo
+    a.workloads, a.gpus = a.workloads or "8b_lora,14b_full,32b_lora", a.gpus or "1,2,4"
     work = a.work or Path(tempfile.mkdtemp(prefix="scale-"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "builds.log"
@@ -315,7 +328,9 @@ def main() -> None:
     results = json.loads(out.read_text()) if out.exists() else {"runs": []}  # a call cut short goes on
     results.update(gpu=gpu_name, gpus_visible=visible, matmul_peak_tflops=round(peak_tflops, 1),
                    max_length=MAX_LENGTH, global_batch=GLOBAL_BATCH, steps=STEPS, warmup=WARMUP, rows=str(a.rows or
-                   "bench/data_prep.py real corpus"), settings="autotune off: full activation checkpointing, SDPA; "
+                   "bench/data_prep.py real corpus"), settings=(
+                       "tuned: ours planned by the probe, the peer without gradient checkpointing and compiled; "
+                       if TUNED else "autotune off: full activation checkpointing, SDPA; ") +
                    "ours: hardware.sharding auto (DDP where a LoRA base fits one GPU), fsdp2: FSDP2"
                    if DEVICE == "cuda" else "the CPU's plan")
     results.setdefault("base", {})
@@ -337,7 +352,7 @@ def main() -> None:
         flops = flops_per_token(SHAPES[shape], peft)
         for repeat in range(a.repeat):
             for gpus in [g for g in counts if g in wanted and g <= visible]:
-                name = f"scale_{workload}_g{gpus}_s{repeat}"
+                name = f"scale_{workload}_g{gpus}_s{repeat}" + ("_tuned" if TUNED else "")
                 (project / "recipes" / f"{name}.yaml").write_text(json.dumps(recipe(shape, peft, gpus, repeat, profile)))
                 if workload not in results["base"]:
                     seconds = doit(project, f"base:{name}", log)

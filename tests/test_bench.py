@@ -154,7 +154,8 @@ def test_generation_speed_serves_through_the_engine(tmp_path):
 def test_scale_builds_through_doit_and_runs_the_trl_peer(tmp_path):
     """As scale_h200x4_2026-11-26_replicate.json: each run's fields, ours through `doit checkpoint`
     and TRL's peer, LoRA in 1 and 2 processes and full in 2, with the base's build time and hashing
-    speed (the fsdp2 side is GPU-only: on the CPU every several-process run is DDP)."""
+    speed (the fsdp2 side is GPU-only: on the CPU every several-process run is DDP); --tuned plans ours
+    with autotune on, under recipes of their own."""
     bench("scale", "--tiny", "--work", tmp_path / "work", "--out", tmp_path / "scale.json")
     r = fields(tmp_path / "scale.json")
     real = fields(REPO / "bench" / "results" / "scale_h200x4_2026-11-26_replicate.json")
@@ -164,6 +165,15 @@ def test_scale_builds_through_doit_and_runs_the_trl_peer(tmp_path):
         ("lora", 1, False), ("lora", 1, True), ("lora", 2, False), ("lora", 2, True), ("full", 2, False), ("full", 2, True)]
     assert all(set(x) == set(run) for x in r["runs"]), r["runs"]
     assert set(r["base"]["tiny_lora"]) == set(real["base"]["8b_lora"])
+    # --tuned: ours with the probe on (the CPU's plan here), the peer without gradient checkpointing
+    bench("scale", "--tiny", "--tuned", "--workloads", "tiny_lora", "--gpus", "1", "--work", tmp_path / "work",
+          "--out", tmp_path / "tuned.json")
+    tuned = fields(tmp_path / "tuned.json")
+    assert tuned["settings"].startswith("the CPU") and [(x["side"], "error" in x) for x in tuned["runs"]] == [
+        ("ours", False), ("peer", False)]
+    recipes = sorted(p.name for p in (tmp_path / "work" / "project" / "recipes").glob("*_tuned.yaml"))
+    assert recipes == ["scale_tiny_lora_g1_s0_tuned.yaml"]
+    assert json.loads((tmp_path / "work" / "project" / "recipes" / recipes[0]).read_text())["autotune"]["enabled"]
 
 
 def test_eval_speed_runs_hflm_and_the_engine_side_by_side(tmp_path):
