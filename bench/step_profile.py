@@ -66,7 +66,7 @@ one_gpu()
 
 REPO = Path(__file__).resolve().parent.parent
 LENGTH = 2048
-TINY_VARIANTS = ("best", "best_amp", "trainer")
+TINY_VARIANTS = ("best", "best_amp", "trainer", "breakdown")
 
 
 def use_tiny() -> None:
@@ -105,6 +105,54 @@ VARIANTS = {  # (decisions, bf16 autocast as the Trainer does, PEFT's cast of in
     "mb4_amp_nocast_fp8_rowwise": (MB4, True, False, "rowwise"),
     "mb4_amp_nocast_fp8_forward": (MB4, True, False, "forward"),
 }
+
+
+BREAKDOWN = {**MB4, "compile": False, "attn_implementation": "sdpa"}  # mb4_amp_nocast eager (bench/breakdown.py
+# says why), with SDPA: flex attention's eager path compiles its own kernel
+
+
+def run_breakdown(setting: dict) -> dict:
+    """The step of mb4_amp_nocast, eager, by part (bench/breakdown.py): the loss computed outside
+    the model, under the loss head's range, and the optimizer's step under its own; beside it, the
+    same step timed with no hooks or profiler."""
+    import torch
+    from peft import get_peft_model
+    from peft.helpers import disable_input_dtype_casting
+    from torch.profiler import record_function
+
+    from bench.breakdown import TAG, breakdown
+    from stages.engine.recipe import TrainSection
+    from stages.train import settings
+    from stages.train.settings import lora_config
+
+    settings.training_mode()
+    model = get_peft_model(new_model("sdpa"), lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
+    model.train()
+    settings.apply_settings(model, setting)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5,
+                                  fused=train_speed.DEVICE == "cuda")
+    batch = packed_batch(setting["micro_batch_size"], model.config.vocab_size)
+
+    def step():
+        with torch.autocast(train_speed.DEVICE, dtype=torch.bfloat16):
+            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+            with record_function(TAG + "loss_head"):
+                loss = model.loss_function(logits=logits, labels=batch["labels"], vocab_size=model.config.vocab_size)
+        loss.backward()
+        with record_function(TAG + "optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    with disable_input_dtype_casting(model):
+        for _ in range(3):
+            step()
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        plain = time.perf_counter() - start
+        parts = breakdown(model, step, batch["input_ids"].numel(), train_speed.DEVICE == "cuda")
+    return {"step_seconds_eager": round(plain, 4), **parts}
 
 
 def fp8_base_projections(model, recipe: str) -> None:
@@ -350,6 +398,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
 
 def run_one(name: str, first: bool) -> dict:
     on_device = tiny.on_cpu if train_speed.DEVICE == "cpu" else (lambda setting: setting)
+    if name == "breakdown":
+        return run_breakdown(on_device(BREAKDOWN))
     if name in TRAINER_VARIANTS:
         setting, options = TRAINER_VARIANTS[name]
         return run_trainer(name, on_device(setting), **options)
@@ -371,7 +421,7 @@ def main() -> None:
     if a.one:  # a child: one variant, its result as the last line
         print(json.dumps(run_one(a.variants[0], a.variants[1] == "first")), flush=True)
         return
-    a.variants = a.variants or (TINY_VARIANTS if a.tiny else [*VARIANTS, *TRAINER_VARIANTS])
+    a.variants = a.variants or (TINY_VARIANTS if a.tiny else [*VARIANTS, *TRAINER_VARIANTS, "breakdown"])
     a.out = a.out or (tiny.results_path("step_profile.json") if a.tiny else
                       REPO / "bench" / "results" / "step_profile.json")
     results = {"matmul_peak_tflops": round(matmul_peak_tflops(train_speed.DEVICE), 1)}

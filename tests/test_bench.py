@@ -81,15 +81,20 @@ def test_compile_precision_trains_compiled_both_ways(train_speed, tmp_path):
 
 def test_step_profile_times_the_step_loop_and_the_trainer(tmp_path):
     """As fp8_base_h100_2026-11-25.json's runs (the step loop; the first two variants add the
-    profile's top kernels and host operations) and step_profile_trainer_mb4_h100_2026-11-25.json."""
+    profile's top kernels and host operations) and step_profile_trainer_mb4_h100_2026-11-25.json,
+    and the eager step by part (bench/breakdown.py; not yet run on a GPU)."""
     bench("step_profile", "--tiny", "--out", tmp_path / "profile.json")
     r = fields(tmp_path / "profile.json")
-    assert set(r) == {"matmul_peak_tflops", "best", "best_amp", "trainer"}
+    assert set(r) == {"matmul_peak_tflops", "best", "best_amp", "trainer", "breakdown"}
     for name in ("best", "best_amp"):  # the first two variants are profiled in full
         assert set(r[name]) == {"tokens_per_s", "step_seconds", "peak_gib", "losses", "gpu_busy", "top_kernels",
                                 "top_host"}, r[name]
     assert set(r["trainer"]) == {"tokens_per_s", "step_seconds", "peak_gib", "last_loss", "gpu_busy", "gaps_ms",
                                  "by_outer", "by_inner"}, r["trainer"]
+    parts = r["breakdown"]  # the eager step by part: every part found, the backward's operations included
+    # (left unattributed, they would be about half of the step, under "other")
+    assert all(parts["seconds"][p] > 0 for p in ("attention", "mlp", "lora", "norms_rope", "loss_head", "optimizer"))
+    assert parts["share"]["other"] < 0.1 and abs(sum(parts["share"].values()) - 1) < 0.01
 
 
 def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
