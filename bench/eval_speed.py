@@ -33,12 +33,12 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 
 
-def load_model(shape: dict, vocab: int, device: str, tok):
+def load_model(shape: dict, device: str, tok):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(0)
-    config = Qwen3Config(**{**shape, "vocab_size": vocab}, max_position_embeddings=40960, tie_word_embeddings=False,
+    config = Qwen3Config(**shape, max_position_embeddings=40960, tie_word_embeddings=False,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
@@ -97,7 +97,7 @@ def main() -> None:
         tok, shape, a.rows, a.limit, a.max_new_tokens, a.repeat = char_tokenizer(), tiny.SHAPE, tiny.PROMPTS, 12, 8, 2
     else:
         tok, shape = AutoTokenizer.from_pretrained(a.tokenizer), SHAPES[a.shape]
-    model = load_model({k: v for k, v in shape.items() if k != "vocab_size"}, shape["vocab_size"], device, tok)
+    model = load_model(shape, device, tok)
     reqs = requests(tok, a.rows, a.limit, a.max_new_tokens)
     args = dict(pretrained=model, tokenizer=tok, batch_size=a.batch_size, max_length=model.config.max_position_embeddings)
     sides = {"hflm": HFLM(**args), "engine": EngineLM(**args, eos_ids=end_ids(model, tok))}
