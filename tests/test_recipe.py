@@ -55,6 +55,13 @@ def test_wrong_type_names_the_key(tmp_path):
     assert "train.lr: Input should be a valid number" in message
 
 
+def test_a_sharding_outside_its_choices_names_the_line_and_key(tmp_path):
+    """hardware.sharding takes auto or fsdp2 only: anything else, a path included, is refused in one line."""
+    text = TINY.replace("  profile: cpu\n", "  profile: cpu\n  sharding: ../../etc\n")
+    line = text.splitlines().index("  sharding: ../../etc") + 1
+    assert error(tmp_path, text) == f"{tmp_path}/r.yaml:{line}: hardware.sharding: Input should be 'auto' or 'fsdp2'"
+
+
 def test_yaml_syntax_error_names_the_line(tmp_path):
     text = TINY.replace("  max_length: 256\n", "  max_length: [256\n")
     message = error(tmp_path, text)
