@@ -102,3 +102,20 @@ def test_killed_training_resumes_from_the_last_saved_step(warm, built):
     assert [json.loads(m)["step"] for m in metrics] == list(range(1, 151))
     assert not (work / key).exists()  # scratch space goes once the artifact is in the store
     assert digests(warm)["checkpoint"] == digests(built)["checkpoint"]  # resumed == uninterrupted
+
+
+def test_training_saves_every_save_steps_and_not_again_at_the_end():
+    """Resume points come every train.save_steps; transformers' extra save at the last step (which
+    the artifact, saved right after, makes useless, and which gathers a sharded full fine-tune's
+    whole optimizer state) is turned off, unless that step is a save step anyway."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from stages.train.trainer import mark_complete_callback
+
+    callback, args = mark_complete_callback(), SimpleNamespace(save_steps=20)
+    for step, last, saves in ((140, 150, True), (150, 150, False), (160, 160, True)):
+        control = TrainerControl(should_save=True)  # as transformers' flow callback left it
+        callback.on_step_end(args, TrainerState(global_step=step, max_steps=last), control)
+        assert control.should_save == saves, (step, last)
