@@ -13,10 +13,10 @@ batch exact: 4 x 4 accumulated on one GPU, 4 x 1 on each of four). Rows: real ch
 
   ours   a recipe per (workload, GPUs) built with `doit checkpoint:<recipe>` in a project made
          under --work: the base stage makes the weights (on the GPU: its wall time is reported),
-         the shards stage packs the rows, the plan with autotune off (the probe measures one
-         unsharded GPU: issue 38 item 3), so full activation checkpointing and SDPA, as the
-         peer's gradient checkpointing; hardware.sharding auto, so a LoRA base that fits one GPU
-         is replicated (DDP) and anything else is sharded with FSDP2 (stages/plan.replica_fits)
+         the shards stage packs the rows, the plan with autotune off, so full activation
+         checkpointing and SDPA, as the peer's gradient checkpointing (--tuned: the probe's plan);
+         hardware.sharding auto, so a LoRA base that fits one GPU is replicated (DDP) and anything
+         else is sharded with FSDP2 (stages/plan.replica_fits)
   fsdp2  ours with hardware.sharding fsdp2: the same LoRA runs sharded, for the comparison
   peer   TRL's SFTTrainer in torchrun's processes, the Trainer's accelerate FSDP2 with the same
          FSDP settings as ours (stages/train/trainer.distributed_args), TRL's fastest settings
@@ -39,8 +39,9 @@ speed over the base's weights, with every core and with one.
                           [--repeat 3] [--out FILE]
 
 --tuned: each side's fastest settings instead of the safe ones: ours with autotune on (the probe's
-plan; a replicated run is what the probe measures), the peer without gradient checkpointing and with
-the Trainer's torch_compile (TRL's best on one GPU, bench/train_speed.py).
+plan: a replicated run is what the probe measures, a sharded one is planned through the memory model
+of its shards, whose expected peak per GPU is reported beside the measured one), the peer without
+gradient checkpointing and with the Trainer's torch_compile (TRL's best on one GPU, bench/train_speed.py).
 
 --sides: which sides run (ours, fsdp2, peer), each at the GPU counts after its @, joined by +
 (peer@2+4; default: every count of --gpus); fsdp2 runs for LoRA workloads at 2 GPUs or more only
@@ -158,13 +159,20 @@ def run_ours(project: Path, name: str, gpus: int, log: Path, flops: int, peak_tf
     _, meta = artifact(project, name, "checkpoint")
     shards, _ = artifact(project, name, "shards")
     stats = json.loads((shards / "stats.json").read_text())
-    plan, _ = artifact(project, name, "plan")
-    split = json.loads((plan / "plan.json").read_text())["decisions"].get("sharding")
+    plan, planned = artifact(project, name, "plan")
+    decisions = json.loads((plan / "plan.json").read_text())["decisions"]
     timed = meta["run"]["step_seconds"][WARMUP - 1:]  # step_seconds starts at the second step
     tokens = len(timed) * GLOBAL_BATCH * MAX_LENGTH * stats["packing_efficiency"]
     peak = meta["run"].get("peak_gpu_memory_bytes") or 0
+    found = planned["run"].get("probe")
+    probed = {} if not found else {  # what the probe chose and expected, beside what the run measured
+        "plan": {k: decisions[k] for k in ("attn_implementation", "sdpa_backend", "micro_batch_size",
+                                           "gradient_checkpointing", "compile")},
+        "probe_seconds": planned["run"]["seconds"],
+        "expected_tokens_per_s_per_gpu": found["tokens_per_s"],  # every token of the probe's packed batches
+        "expected_peak_gib_per_gpu": round(found["peak_bytes"] / 2**30, 1)}
     return {**figures(tokens, sum(timed), gpus, peak, flops, peak_tflops), "step_seconds_median": statistics.median(timed),
-            "sharding": "fsdp2" if split else ("ddp" if gpus > 1 else None)}
+            "sharding": "fsdp2" if decisions.get("sharding") else ("ddp" if gpus > 1 else None), **probed}
 
 
 def run_peer(project: Path, name: str, gpus: int, peft: str, seed: int, work: Path, log: Path, flops: int,

@@ -9,7 +9,10 @@ autotune.budget_seconds. The recipe's global batch is kept exact: with hardware.
 (times the nodes of a multi-node launch) each process takes an equal share of it, and
 micro-batch x accumulation x processes == the recipe's micro-batch x accumulation. A GPU plan
 also records how its processes split the model (`sharding`: FSDP2's settings, or null where each
-process holds all of it: one process, or DDP replicas of a LoRA run that fits one GPU).
+process holds all of it: one process, or DDP replicas of a LoRA run that fits one GPU). A sharded
+run's probe plans for its shards (autotune.sharded_estimate); the sidecar keeps the peak memory
+of a process it expects (`probe.peak_bytes`), to set beside the checkpoint stage's measured one
+(`peak_gpu_memory_bytes`), as bench/scale.py does.
 """
 from __future__ import annotations
 
@@ -90,14 +93,14 @@ REPLICA_SHARE = 0.5  # without a probe, a LoRA run's base of at most this share 
 
 
 def replica_fits(recipe, probed: bool, weight_bytes: int, gpu_bytes: int) -> bool:
-    """Whether each of several GPU processes holds the whole model (DDP) rather than a shard. Only
-    for a LoRA run with hardware.sharding auto (a full fine-tune's gradients and optimizer state
-    are what FSDP2 is for), and only where a replica fits one GPU: the probe's winner ran on one
-    unsharded GPU inside its memory margin (DDP adds buckets for the adapter's gradients, well
-    inside it); without a probe, the base's weights take at most REPLICA_SHARE of the GPU."""
+    """Whether each of several GPU processes may hold the whole model (DDP) rather than a shard.
+    Only for a LoRA run with hardware.sharding auto (a full fine-tune's gradients and optimizer
+    state are what FSDP2 is for), and only where a replica fits one GPU: with a probe, a base
+    inside the probe's memory limit, and the probe then runs it whole on one GPU (build() shards
+    the run if no setting fits there); without one, a base of at most REPLICA_SHARE of the GPU."""
     if recipe.hardware.sharding != "auto" or recipe.train.peft != "lora":
         return False
-    return probed or weight_bytes <= REPLICA_SHARE * gpu_bytes
+    return weight_bytes <= (1 - autotune.MEMORY_MARGIN if probed else REPLICA_SHARE) * gpu_bytes
 
 
 def split(recipe, processes: int, base: Path, probed: bool) -> dict | None:
@@ -111,16 +114,31 @@ def split(recipe, processes: int, base: Path, probed: bool) -> dict | None:
     return settings.sharding(processes, "cuda", fits)
 
 
-def nothing_ran(measurements: list[dict], processes: int) -> str:
-    """The plan's one line where no probed setting ran a step. The probe measures one unsharded
-    GPU: a run of several processes whose every setting ran out of memory there can still train
-    sharded, with the safe settings."""
-    if processes > 1 and measurements and all("OutOfMemoryError" in m.get("error", "") for m in measurements):
-        return (f"plan: the probe measures one unsharded GPU and no setting fit one; to train sharded over the "
-                f"{processes} processes (FSDP2) with full checkpointing and SDPA, set autotune.enabled: false "
-                f"and hardware.sharding: fsdp2")
+def nothing_ran(measurements: list[dict], processes: int, sharded: bool) -> str:
+    """The plan's one line where no probed setting ran a step."""
+    if measurements and all("OutOfMemoryError" in m.get("error", "") for m in measurements):
+        where = f"sharded over {processes} GPUs (FSDP2)" if sharded else "on one GPU"
+        return (f"plan: no setting fits {where}, not even micro-batch 1 with full checkpointing: give it more "
+                f"GPUs (hardware.gpus), shorter sequences (data.max_length), or train LoRA (train.peft: lora)")
     return ("plan: no attention implementation ran a training step on these shapes; "
             "see the plan log, check data.max_length and the GPU")
+
+
+def probe(ctx, processes: int, batch: int, sharding: dict | None) -> tuple[dict, dict | None]:
+    """The probe's result and the run's sharding: a run of replicas is probed whole on one GPU,
+    and sharded instead where no setting fits there; a sharded run is probed through the memory
+    model of its shards (autotune.sharded_estimate)."""
+    shards = processes if sharding else 1
+    found = autotune.probe(ctx.upstream["base"], ctx.recipe, ctx.log, batch, shards=shards)
+    if found["decisions"] is None and shards == 1 and processes > 1:
+        ctx.log.info("plan: no setting fits a whole replica on one GPU; probing the run sharded over %d", processes)
+        sharding = settings.sharding(processes, "cuda")
+        found = autotune.probe(ctx.upstream["base"], ctx.recipe, ctx.log, batch, shards=processes)
+    if found["decisions"] is None:
+        raise UserError(nothing_ran(found["measurements"], processes, sharding is not None))
+    chosen = next(m for m in found["measurements"] if "error" not in m and found["decisions"].items() <= m.items())
+    found["peak_bytes"] = chosen["peak_bytes"]  # of one process: expected, for a sharded run
+    return found, sharding
 
 
 def build(ctx, out: Path) -> None:
@@ -150,16 +168,15 @@ def build(ctx, out: Path) -> None:
     }
     if facts["device"] == "cuda":
         decisions.update(dtype="bfloat16", gradient_checkpointing="full")
+        sharding = split(r, processes, ctx.upstream["base"], r.autotune.enabled)
         if r.autotune.enabled:
-            found = autotune.probe(ctx.upstream["base"], r, ctx.log, micro * accumulation)
+            found, sharding = probe(ctx, processes, micro * accumulation, sharding)
             ctx.run["probe"] = found
-            if found["decisions"] is None:
-                raise UserError(nothing_ran(found["measurements"], processes))
             decisions.update(found["decisions"])
             decisions["grad_accum"] = micro * accumulation // decisions["micro_batch_size"]
             decisions["env"] = {**decisions["env"], **settings.rocm_env(decisions["rocm_fa_library"])}
             ctx.log.info("probe chose %s at %.0f tokens/s", found["decisions"], found["tokens_per_s"])
-        decisions["sharding"] = split(r, processes, ctx.upstream["base"], r.autotune.enabled)
+        decisions["sharding"] = sharding
     ctx.run["facts"] = facts
     (out / "plan.json").write_text(json.dumps({"decisions": decisions, "facts": facts},
                                               indent=1, sort_keys=True) + "\n")

@@ -324,3 +324,80 @@ def test_a_cold_h100_probe_of_8b_measures_six_settings_in_under_a_minute(monkeyp
         ("flex_attention", "off", 4, True)
     assert len(found["measurements"]) == 6 and clock[0] < 45
     assert ("flex_attention", "off", 8, True) not in [shape(m) for m in found["measurements"]]
+
+
+def small_qwen3(layers: int = 4, peft: bool = False):
+    """A random Qwen3 of `layers` decoder layers in bf16 on the CPU, LoRA on every projection if asked."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if peft:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    return model
+
+
+@pytest.mark.parametrize("peft", [False, True])
+def test_a_slice_runs_the_first_layers_only_and_gives_the_model_back_whole(peft):
+    """A sharded run's probe times slices of its model: inside first_layers(model, k) a step runs
+    decoder layers 0..k-1 and no other, gradients reach those layers only, and afterwards the model
+    runs every layer again, with or without PEFT's wrapper."""
+    import torch
+
+    model = small_qwen3(4, peft)
+    layers = settings.decoder_layers(model)
+    ran = []
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_, i=i: ran.append(i))
+    ids = torch.randint(0, 128, (1, 16))
+    with autotune.first_layers(model, 2):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert ran == [0, 1]
+    grads = [any(p.grad is not None for p in layer.parameters()) for layer in layers]
+    assert grads == [True, True, False, False]
+    ran.clear()
+    model(input_ids=ids)
+    assert ran == [0, 1, 2, 3] and settings.decoder_layers(model) == layers
+
+
+def test_parameter_counts_split_one_layer_from_the_rest():
+    """What the memory model of a sharded run counts: a layer's parameters and the rest's (embeddings,
+    final norm, head), trainable ones apart; under LoRA only the adapters are trainable, in fp32
+    (PEFT's), the base frozen in bf16."""
+    full = small_qwen3(3)
+    counts = autotune.parameter_counts(full, settings.decoder_layers(full)[0])
+    total = sum(p.numel() for p in full.parameters())
+    assert 3 * counts["layer"]["params"] + counts["other"]["params"] == total
+    assert counts["layer"]["trainable"] == counts["layer"]["params"] and counts["layer"]["frozen_bytes"] == 0
+    assert counts["other"]["grad_bytes"] == 2 * counts["other"]["params"]  # bf16
+    lora = small_qwen3(3, peft=True)
+    counts = autotune.parameter_counts(lora, settings.decoder_layers(lora)[0])
+    adapters = sum(p.numel() for n, p in settings.decoder_layers(lora)[0].named_parameters() if "lora_" in n)
+    assert counts["layer"]["trainable"] == adapters > 0 and counts["layer"]["grad_bytes"] == 4 * adapters
+    assert counts["other"]["trainable"] == 0
+    assert counts["layer"]["frozen_bytes"] == 2 * (counts["layer"]["params"] - adapters)
+
+
+def test_the_sharded_estimate_carries_a_layer_to_the_full_depth_and_divides_the_state():
+    """Slices 2 and 4 layers deep: what the second adds per layer, carried to 10 layers; weights,
+    gradients and AdamW state (16 bytes a trainable parameter under FSDP2's fp32 master weights)
+    over the processes, plus what FSDP2 gathers whole in bf16 at once."""
+    assert autotune.DEPTHS == (2, 4)
+    shallow = {"step_seconds": 1.0, "activation_bytes": 2 * GiB, "tokens": 8192}
+    deep = {"step_seconds": 1.5, "activation_bytes": 3 * GiB, "tokens": 8192}
+    counts = {"layer": {"params": 100e6, "trainable": 100e6, "frozen_bytes": 0},
+              "other": {"params": 50e6, "trainable": 50e6, "frozen_bytes": 0}}
+    got = autotune.sharded_estimate(shallow, deep, layers=10, shards=4, counts=counts)
+    assert got["step_seconds"] == 3.0 and got["tokens_per_s"] == round(8192 / 3.0, 1)
+    resident = (10 * 16 * 100e6 + 16 * 50e6) / 4
+    assert got["resident_bytes"] == int(resident)
+    assert got["peak_bytes"] == int(resident + 2 * (50e6 + 2 * 100e6 + 100e6) + 6 * GiB)
+    lora = {"layer": {"params": 100e6, "trainable": 1e6, "frozen_bytes": 2 * 99e6},
+            "other": {"params": 50e6, "trainable": 0, "frozen_bytes": 2 * 50e6}}
+    two, four = (autotune.sharded_estimate(shallow, deep, 10, n, lora)["peak_bytes"] for n in (2, 4))
+    assert two - four == int((10 * (2 * 99e6 + 16e6) + 2 * 50e6) / 4)  # the state, halved again

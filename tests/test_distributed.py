@@ -255,7 +255,9 @@ def test_the_plan_of_several_gpu_processes_names_its_sharding():
     gib = 2**30
     assert replica_fits(recipe("lora"), False, 16 * gib, 80 * gib)  # Qwen3-8B's weights on an H100
     assert not replica_fits(recipe("lora"), False, 61 * gib, 80 * gib)  # Qwen3-32B's
-    assert replica_fits(recipe("lora"), True, 61 * gib, 141 * gib)  # the probe ran it whole on one GPU
+    assert replica_fits(recipe("lora"), True, 61 * gib, 141 * gib)  # the probe runs it whole on one GPU
+    assert replica_fits(recipe("lora"), True, 61 * gib, 80 * gib)  # inside the probe's memory limit: it tries
+    assert not replica_fits(recipe("lora"), True, 75 * gib, 80 * gib)  # past it: sharded, planned as such
     assert not replica_fits(recipe("none"), True, 1 * gib, 80 * gib)  # a full fine-tune shards its optimizer state
     assert not replica_fits(recipe("lora", "fsdp2"), True, 1 * gib, 80 * gib)
 
@@ -298,16 +300,49 @@ def test_replicas_that_ran_out_of_memory_are_told_to_shard():
     assert "hardware.sharding" not in failed(2, 1, {"device": "cpu", "sharding": None}, out_of_memory=True)
 
 
-def test_a_sharded_run_that_fits_no_single_gpu_is_told_to_plan_without_the_probe():
-    """The probe measures one unsharded GPU: where every setting ran out of memory there, a run of
-    several processes is told how to train sharded; anything else gets the general line."""
+def test_no_setting_that_fits_is_told_in_one_line_naming_where():
+    """Where every probed setting ran out of memory, the plan's line says whether that was on one
+    GPU or sharded over the run's processes, and what to change; anything else gets the general line."""
     from stages.plan import nothing_ran
 
     oom = [{"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"}] * 3
-    told = nothing_ran(oom, 4)
-    assert "autotune.enabled: false" in told and "hardware.sharding: fsdp2" in told and "4 processes" in told
-    assert "autotune.enabled: false" not in nothing_ran(oom, 1)
-    assert "autotune.enabled: false" not in nothing_ran(oom + [{"error": "RuntimeError: no kernel"}], 4)
+    told = nothing_ran(oom, 4, sharded=True)
+    assert "sharded over 4 GPUs" in told and "hardware.gpus" in told and "data.max_length" in told
+    assert "on one GPU" in nothing_ran(oom, 1, sharded=False)
+    assert "no attention implementation" in nothing_ran(oom + [{"error": "RuntimeError: no kernel"}], 4, True)
+
+
+def test_replicas_that_fit_no_gpu_are_probed_sharded(tmp_path, monkeypatch):
+    """plan.probe: a run of replicas is probed whole on one GPU; where no setting fits there, the
+    run is sharded (FSDP2) and probed again through the memory model of its shards; a run the plan
+    shards from the start is probed that way at once. Here autotune.probe's GPU steps are stood in
+    for by a table: a whole replica never fits, a shard at micro-batch 1 does."""
+    from types import SimpleNamespace
+
+    from stages import plan
+    from stages.engine.errors import UserError
+    from stages.train import autotune
+
+    asked = []
+
+    def probe(base, recipe, log, batch, shards=1):
+        asked.append(shards)
+        oom = {"error": "OutOfMemoryError: CUDA out of memory"}
+        if shards == 1:
+            return {"decisions": None, "measurements": [oom]}
+        setting = {"micro_batch_size": 1, "compile": True}
+        return {"decisions": setting, "tokens_per_s": 900.0,
+                "measurements": [oom, {**setting, "tokens_per_s": 900.0, "peak_bytes": 70 * 2**30}]}
+
+    monkeypatch.setattr(autotune, "probe", probe)
+    ctx = SimpleNamespace(upstream={"base": tmp_path}, recipe=None, log=SimpleNamespace(info=lambda *a: None))
+    found, sharding = plan.probe(ctx, 4, 4, None)
+    assert asked == [1, 4] and sharding["version"] == 2 and found["peak_bytes"] == 70 * 2**30
+    asked.clear()
+    found, sharding = plan.probe(ctx, 4, 4, {"version": 2})
+    assert asked == [4] and sharding == {"version": 2}
+    with pytest.raises(UserError, match="on one GPU"):
+        plan.probe(ctx, 1, 4, None)
 
 
 def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, monkeypatch):

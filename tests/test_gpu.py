@@ -238,3 +238,34 @@ def test_grpo_in_two_gpu_processes_trains_and_writes_what_one_writes(fresh):
     print("GRPO LoRA, 2 GPUs:", rows)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(math.isfinite(r["loss"]) for r in rows)
     assert (stored(fresh, "grpo2_lora") / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@two_gpus
+def test_a_sharded_run_is_planned_for_its_shards_and_stays_inside_what_it_expected(fresh):
+    """A full fine-tune over two GPUs with autotune on (a 0.8B Qwen3 shape, so the memory is
+    weights, gradients and optimizer state): the plan shards it, its probe times slices of the model
+    (autotune.sharded_estimate), and training's measured peak per GPU is within what the plan
+    expected: at most 10% above it (what the probe picked fits), and at least 60% of it."""
+    import yaml
+
+    recipe = yaml.safe_load((fresh / "recipes" / "tiny.yaml").read_text())
+    recipe["model"]["config"].update(hidden_size=2048, intermediate_size=6144, num_hidden_layers=16,
+                                     num_attention_heads=16, num_key_value_heads=8, head_dim=128, dtype="bfloat16")
+    recipe["hardware"] = {"profile": "h200" if "H200" in torch.cuda.get_device_name(0) else "h100", "gpus": 2}
+    recipe["autotune"] = {"enabled": True, "budget_seconds": 120}
+    recipe["train"].update(max_steps=6, save_steps=100)
+    (fresh / "recipes" / "sharded.yaml").write_text(yaml.safe_dump(recipe))
+    build(fresh, "checkpoint:sharded")
+    decisions = json.loads((stored(fresh, "sharded", "plan") / "plan.json").read_text())["decisions"]
+    plan_key = stored(fresh, "sharded", "plan").name
+    probe = json.loads((fresh / "artifacts" / "store" / "plan" / f"{plan_key}.json").read_text())["run"]["probe"]
+    run = json.loads((fresh / "artifacts" / "store" / "checkpoint" / f"{stored(fresh, 'sharded').name}.json")
+                     .read_text())["run"]
+    measured, expected = run["peak_gpu_memory_bytes"], probe["peak_bytes"]
+    print(f"sharded probe chose {probe['decisions']}; peak per GPU expected {expected / 2**30:.2f} GiB, "
+          f"measured {measured / 2**30:.2f} GiB ({measured / expected:.0%})")
+    for m in probe["measurements"]:
+        print("  ", m)
+    assert decisions["processes"] == 2 and decisions["sharding"]["version"] == 2
+    assert all("slices" in m for m in probe["measurements"] if "error" not in m)
+    assert 0.6 * expected <= measured <= 1.1 * expected

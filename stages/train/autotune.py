@@ -14,18 +14,26 @@ five or six settings, two of them compiled, instead of sixteen. Whatever is not 
 the budget keeps the best found so far. The weights are random: speed does not depend on them,
 and the plan must not depend on the data (editing a row does not re-plan). Steps run under
 bf16 autocast, as the Trainer's do.
+
+A run the plan shards over several GPUs (FSDP2) is probed on one GPU through a memory model
+(sharded_estimate): each setting is timed on slices of the model, DEPTHS decoder layers deep,
+and what a layer adds (time, activations) is carried to the model's depth, over weights,
+gradients and optimizer state divided by the processes plus what FSDP2 gathers whole at once.
+So a base that fits no single GPU is planned too, by the search above, on the sharded run's
+figures; the checkpoint stage records its measured peak beside the estimate.
 """
 from __future__ import annotations
 
 import importlib.util
 import statistics
+from contextlib import contextmanager
 import tempfile
 import time
 from pathlib import Path
 
 from stages.train.methods import METHODS
-from stages.train.settings import (apply_settings, compile_regions, lora_config, nf4_config, rocm_env, sdpa_backend,
-                                   switch_settings, training_mode)
+from stages.train.settings import (apply_settings, compile_regions, decoder_layers, lora_config, nf4_config, rocm_env,
+                                   sdpa_backend, switch_settings, training_mode, without_peft)
 
 TIMED_STEPS = 3  # after one warm-up step; the median, so one step held up by the host does not decide
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
@@ -37,6 +45,8 @@ COMPILED_ONLY = {"flex_attention"}  # its eager path compiles its own kernel (20
 MEMORY_FLOOR = 0.5  # compiled layers keep at least this share of the activations eager layers keep
 # (Qwen3-8B LoRA at 2048 on an H100: 10.6 of 16.5 GiB a sequence, 0.64): a micro-batch that
 # would not fit even then is not compiled
+DEPTHS = (2, 4)  # decoder layers of the two slices a sharded run's probe times: every layer is alike, so
+# the difference is one layer's cost, and the shallower slice's remainder the rest of the model's
 SATURATING_TOKENS = 4096  # tokens per micro-batch past which doubling it gains less than
 # recomputation costs (8B LoRA compiled on an H100: micro-batch 2 -> 4 of 2048 gained 4%, selective
 # checkpointing at 4 cost 12%): once a lighter mode fits that many, heavier ones are not tried
@@ -187,9 +197,64 @@ def packed_batch(micro_batch: int, length: int, vocab: int, seed: int = 0):
     return {"input_ids": ids.cuda(), "labels": ids.cuda(), "position_ids": positions.cuda()}
 
 
-def probe(config_dir, recipe, log, batch: int) -> dict:
+COMPUTE_BYTES = 2  # bf16, the Trainer's mixed precision: what FSDP2 gathers weights and reduces gradients in
+MASTER_BYTES = 16  # a trainable parameter under FSDP2: accelerate keeps it in fp32 for mixed precision,
+# with an fp32 gradient and AdamW's two fp32 moments
+
+
+def parameter_counts(model, layer) -> dict:
+    """Parameters of one decoder layer (`layer`; every layer is alike) and of the rest of the
+    model: how many, how many trainable, the bytes of the frozen ones and of the trainable ones'
+    gradients as this model holds them."""
+    def count(params) -> dict:
+        params = list(params)
+        return {"params": sum(p.numel() for p in params),
+                "trainable": sum(p.numel() for p in params if p.requires_grad),
+                "frozen_bytes": sum(p.numel() * p.element_size() for p in params if not p.requires_grad),
+                "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad)}
+
+    in_layers = {id(p) for each in decoder_layers(model) for p in each.parameters()}
+    return {"layer": count(layer.parameters()), "other": count(p for p in model.parameters() if id(p) not in in_layers)}
+
+
+def sharded_estimate(shallow: dict, deep: dict, layers: int, shards: int, counts: dict) -> dict:
+    """One sharded process's step, from the steps of two slices DEPTHS layers deep on one GPU.
+    Time and activations (a slice's peak over what it held before the step, less its gradients)
+    grow by what one layer adds from one slice to the other. Memory: frozen weights, and trainable
+    ones at MASTER_BYTES, divided by the processes; whole at once in COMPUTE_BYTES, as FSDP2
+    gathers them, the weights outside the layers (embeddings, the head: counted whole throughout),
+    two layers' weights (one computing, the next prefetched) and one layer's gradients before they
+    are reduce-scattered. Communication is not counted: FSDP2 overlaps it with compute."""
+    k1, k2 = DEPTHS
+    grow = (layers - k2) / (k2 - k1)
+    seconds = deep["step_seconds"] + grow * (deep["step_seconds"] - shallow["step_seconds"])
+    activations = deep["activation_bytes"] + grow * (deep["activation_bytes"] - shallow["activation_bytes"])
+    layer, other = counts["layer"], counts["other"]
+    resident = sum(n * (part["frozen_bytes"] + MASTER_BYTES * part["trainable"])
+                   for n, part in ((layers, layer), (1, other))) / shards
+    gathered = COMPUTE_BYTES * (other["params"] + 2 * layer["params"] + layer["trainable"])
+    return {"tokens_per_s": round(deep["tokens"] / seconds, 1), "step_seconds": round(seconds, 4),
+            "peak_bytes": int(resident + gathered + activations), "resident_bytes": int(resident)}
+
+
+@contextmanager
+def first_layers(model, depth: int):
+    """The model cut to its first `depth` decoder layers while inside: a slice of the model that a
+    sharded run's probe times (its other layers keep their weights, unused)."""
+    decoder = without_peft(model).get_decoder()
+    whole = decoder.layers
+    decoder.layers = whole[:depth]
+    try:
+        yield model
+    finally:
+        decoder.layers = whole
+
+
+def probe(config_dir, recipe, log, batch: int, shards: int = 1) -> dict:
     """Build the run's model on the GPU once and search micro-batches that divide `batch` (one
-    process's share of the global batch); returns search()'s result."""
+    process's share of the global batch); returns search()'s result. With `shards` > 1 the run
+    is sharded over that many GPUs: the model built is DEPTHS[-1] layers deep and each setting's
+    figures are sharded_estimate's."""
     import os
 
     import torch
@@ -198,6 +263,11 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)
+    layers = config.num_hidden_layers
+    if shards > 1:
+        config.num_hidden_layers = DEPTHS[-1]
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:DEPTHS[-1]]
     t = recipe.train
     deadline = time.monotonic() + recipe.autotune.budget_seconds
     total = torch.cuda.get_device_properties(0).total_memory
@@ -252,6 +322,38 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
         held["graph"] = graph
         return model
 
+    def steps(model, optimizer, batch, sliced: bool = False) -> dict:
+        """Timed steps after a warm-up (which compiles): the median step and, for a slice, what
+        its timed steps held over what was held before them (weights, optimizer state)."""
+        times, before = [], 0
+        for step in range(1 + TIMED_STEPS):
+            if step == 1 and sliced:
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):  # as the Trainer runs bf16
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return {"step_seconds": statistics.median(times[1:]), "tokens": batch["input_ids"].numel(),
+                "held_bytes": torch.cuda.max_memory_allocated() - before}
+
+    def sliced(model, optimizer, batch) -> dict:
+        """sharded_estimate of the slices: the model's first DEPTHS[0] layers, then all of them."""
+        counts = parameter_counts(model, decoder_layers(model)[0])
+        found = []
+        for depth in DEPTHS:
+            with first_layers(model, depth):
+                figures = steps(model, optimizer, batch, sliced=True)
+            grads = depth * counts["layer"]["grad_bytes"] + counts["other"]["grad_bytes"]
+            found.append({**figures, "activation_bytes": figures["held_bytes"] - grads})
+        return {**sharded_estimate(*found, layers=layers, shards=shards, counts=counts),
+                "slices": [{k: round(v, 4) for k, v in f.items()} for f in found]}
+
     def measure(setting) -> dict:
         optimizer = None
         began = time.monotonic()
@@ -261,22 +363,14 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
             batch = packed_batch(*batch_shape(recipe, setting["micro_batch_size"]), config.vocab_size)
             # as training runs: the plan's SDPA backend, LoRA inputs left in bf16 under autocast
             with sdpa_backend(setting["sdpa_backend"]), disable_input_dtype_casting(model):
-                times = []
-                for _ in range(1 + TIMED_STEPS):  # the first step warms up (and compiles)
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    with torch.autocast("cuda", dtype=torch.bfloat16):  # as the Trainer runs bf16
-                        loss = model(**batch).loss
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    torch.cuda.synchronize()
-                    times.append(time.perf_counter() - start)
-            seconds = statistics.median(times[1:])
-            result = {"tokens_per_s": round(batch["input_ids"].numel() / seconds, 1),
-                      "peak_bytes": torch.cuda.max_memory_allocated(),
-                      "resident_bytes": torch.cuda.memory_allocated(),  # weights, optimizer state: no activations
-                      "step_seconds": round(seconds, 4)}
+                if shards > 1:
+                    result = sliced(model, optimizer, batch)
+                else:
+                    figures = steps(model, optimizer, batch)
+                    result = {"tokens_per_s": round(figures["tokens"] / figures["step_seconds"], 1),
+                              "peak_bytes": torch.cuda.max_memory_allocated(),
+                              "resident_bytes": torch.cuda.memory_allocated(),  # weights, optimizer state
+                              "step_seconds": round(figures["step_seconds"], 4)}
         except Exception as e:  # OOM, a backend that cannot run these shapes: recorded, the search goes on
             result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             if held["model"] is not None:
