@@ -386,7 +386,7 @@ def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, mon
         class Trainer:
             is_fsdp_enabled, model = True, sharded
 
-        state = gathered_state(Trainer(), "lora")
+        state = gathered_state(Trainer(), "lora", "float32")
         expected = {n: p.detach() for n, p in plain.named_parameters() if p.requires_grad}
         assert state.keys() == expected.keys() and all(torch.equal(state[n], expected[n]) for n in state)
         plain.save_pretrained(tmp_path / "one", save_embedding_layers=False)

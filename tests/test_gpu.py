@@ -136,6 +136,17 @@ def files(project, name: str) -> list[str]:
 FIRST_STEP, LATER_STEPS = 1e-2, 5e-2
 
 
+def dtypes(project, name: str) -> dict[str, str]:
+    """Each saved tensor's dtype, as the safetensors files hold it."""
+    from safetensors import safe_open
+
+    found = {}
+    for path in sorted(stored(project, name).rglob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            found.update({k: f.get_slice(k).get_dtype() for k in f.keys()})
+    return found
+
+
 def near(one: list[float], two: list[float]) -> bool:
     return abs(one[0] - two[0]) < FIRST_STEP and max(abs(x - y) for x, y in zip(one, two)) < LATER_STEPS
 
@@ -150,6 +161,7 @@ def one_gpu_and_two(project, base: str, name: str) -> None:
     print(f"{name} losses, 1 GPU: {one}, 2 GPUs: {two}")
     assert len(one) == len(two) == 6 and near(one, two)
     assert files(project, f"{name}1") == files(project, f"{name}2")
+    assert dtypes(project, f"{name}1") == dtypes(project, f"{name}2")  # FSDP2's fp32 master weights saved in bf16
 
 
 @two_gpus

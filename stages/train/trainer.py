@@ -57,7 +57,7 @@ def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, 
     work.mkdir(parents=True, exist_ok=True)
     trainer = module.make_trainer(method, model, module.dataset(shards, tok), tok, plan, t, work)
     train(trainer, plan, t.max_steps, resume, log, run, progress)
-    save(trainer, tok, t.peft, method.logs, out)
+    save(trainer, tok, t.peft, plan["dtype"], method.logs, out)
 
 
 def distributed_args(plan: dict) -> dict:
@@ -190,27 +190,34 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
         run["peak_gpu_memory_bytes"] = torch.cuda.max_memory_allocated()
 
 
-def gathered_state(trainer, peft: str) -> dict | None:
+def gathered_state(trainer, peft: str, dtype: str) -> dict | None:
     """Under FSDP, the weights to save, gathered whole by every process together (None without
     FSDP: the model holds them). An adapter's are its trainable tensors alone: gathering the
     whole sharded model (the Accelerator's get_state_dict) to keep a few MB of LoRA held a
-    2-GPU 8B run for minutes after its last step."""
+    2-GPU 8B run for minutes after its last step. A full model's come back in the plan's dtype:
+    accelerate keeps fp32 master weights under mixed precision, which would save a bf16 model at
+    twice its size and in another dtype than one process saves."""
     if not trainer.is_fsdp_enabled:
         return None
     if peft == "none":
-        return trainer.accelerator.get_state_dict(trainer.model)
+        import torch
+
+        state = trainer.accelerator.get_state_dict(trainer.model)
+        if state is None:  # the other processes: only the first holds the gathered weights
+            return None
+        return {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in state.items()}
     from torch.distributed.tensor import DTensor
 
     return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
             for name, p in trainer.model.named_parameters() if p.requires_grad}
 
 
-def save(trainer, tok, peft: str, logs: tuple[str, ...], out: Path) -> None:
+def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path) -> None:
     """metrics.jsonl (loss per step, and the method's own figures: `logs`) and the weights:
     model/ for full training, or the standard PEFT adapter/ with nothing machine-specific in it.
     Under FSDP every process takes part in gathering the full weights; the first process alone
     writes, as one process would."""
-    state = gathered_state(trainer, peft)
+    state = gathered_state(trainer, peft, dtype)
     if not trainer.is_world_process_zero():
         return
     with open(out / "metrics.jsonl", "w") as f:
