@@ -395,3 +395,46 @@ def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, mon
                 (tmp_path / "sharded" / "adapter_model.safetensors").read_bytes())
     finally:
         dist.destroy_process_group()
+
+
+def test_a_full_model_under_fsdp_gathers_what_one_process_saves(tmp_path, monkeypatch):
+    """trainer.gathered_state for a full fine-tune, on a Qwen3 with tied embeddings sharded by
+    torch's fully_shard over one gloo process: the gathered weights come back in the plan's dtype
+    and without the tied head's second name, so save_pretrained writes the bytes the unsharded
+    model writes in that dtype (on two GPUs the tied head was written twice, and in fp32)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from conftest import free_port
+    from stages.train.trainer import gathered_state
+
+    def model():
+        torch.manual_seed(0)
+        config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # fp32, as FSDP2's master weights
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        plain, sharded = model(), model()
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in sharded.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+
+        class Trainer:
+            is_fsdp_enabled, model = True, sharded
+
+        state = gathered_state(Trainer(), "none", "bfloat16")
+        assert "lm_head.weight" not in state and state["model.embed_tokens.weight"].dtype == torch.bfloat16
+        plain.to(torch.bfloat16).save_pretrained(tmp_path / "one")
+        sharded.save_pretrained(tmp_path / "sharded", state_dict=state)
+        assert ((tmp_path / "one" / "model.safetensors").read_bytes() ==
+                (tmp_path / "sharded" / "model.safetensors").read_bytes())
+    finally:
+        dist.destroy_process_group()

@@ -194,18 +194,22 @@ def gathered_state(trainer, peft: str, dtype: str) -> dict | None:
     """Under FSDP, the weights to save, gathered whole by every process together (None without
     FSDP: the model holds them). An adapter's are its trainable tensors alone: gathering the
     whole sharded model (the Accelerator's get_state_dict) to keep a few MB of LoRA held a
-    2-GPU 8B run for minutes after its last step. A full model's come back in the plan's dtype:
-    accelerate keeps fp32 master weights under mixed precision, which would save a bf16 model at
-    twice its size and in another dtype than one process saves."""
+    2-GPU 8B run for minutes after its last step. A full model's come back as one process saves
+    them: in the plan's dtype (accelerate keeps fp32 master weights under mixed precision, which
+    would save a bf16 model at twice its size) and without a tied weight's second name (the
+    gathered copies no longer share storage, so save_pretrained would write lm_head.weight too)."""
     if not trainer.is_fsdp_enabled:
         return None
     if peft == "none":
         import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = trainer.accelerator.get_state_dict(trainer.model)
-        if state is None:  # the other processes: only the first holds the gathered weights
-            return None
-        return {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in state.items()}
+        model = trainer.model
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        aliases = ({n for n, _ in model.named_parameters(remove_duplicate=False)} -
+                   {n for n, _ in model.named_parameters()})
+        return {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
+                for k, v in state.items() if k not in aliases}
     from torch.distributed.tensor import DTensor
 
     return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
