@@ -191,29 +191,33 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
 
 
 def gathered_state(trainer, peft: str, dtype: str) -> dict | None:
-    """Under FSDP, the weights to save, gathered whole by every process together (None without
-    FSDP: the model holds them). An adapter's are its trainable tensors alone: gathering the
-    whole sharded model (the Accelerator's get_state_dict) to keep a few MB of LoRA held a
-    2-GPU 8B run for minutes after its last step. A full model's come back as one process saves
-    them: in the plan's dtype (accelerate keeps fp32 master weights under mixed precision, which
-    would save a bf16 model at twice its size) and without a tied weight's second name (the
-    gathered copies no longer share storage, so save_pretrained would write lm_head.weight too)."""
+    """Under FSDP, the weights to save, each tensor gathered whole by every process together, one
+    at a time, and kept by the first process (None without FSDP: the model holds them). An
+    adapter's are its trainable tensors alone, as they are: gathering the whole sharded model to
+    keep a few MB of LoRA held a 2-GPU 8B run for minutes after its last step. A full model's are
+    what one process saves: cast to the plan's dtype on the GPU before they are copied out
+    (accelerate keeps fp32 master weights under mixed precision: a bf16 model would be saved at
+    twice its size, and copied and cast on the CPU), and without a tied weight's second name
+    (gathered copies no longer share storage, so save_pretrained would write lm_head.weight too)."""
     if not trainer.is_fsdp_enabled:
         return None
-    if peft == "none":
-        import torch
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        model = trainer.model
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        aliases = ({n for n, _ in model.named_parameters(remove_duplicate=False)} -
-                   {n for n, _ in model.named_parameters()})
-        return {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
-                for k, v in state.items() if k not in aliases}
+    import torch
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
-            for name, p in trainer.model.named_parameters() if p.requires_grad}
+    model, keep = trainer.model, dist.get_rank() == 0
+    if peft == "none":
+        aliases = ({n for n, _ in model.named_parameters(remove_duplicate=False)} -
+                   {n for n, _ in model.named_parameters()})
+        tensors, cast = [(k, v) for k, v in model.state_dict().items() if k not in aliases], getattr(torch, dtype)
+    else:
+        tensors, cast = [(n, p) for n, p in model.named_parameters() if p.requires_grad], None
+    state = {}
+    for name, tensor in tensors:
+        whole = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+        if keep:
+            state[name] = (whole.to(cast) if cast and whole.is_floating_point() else whole).cpu()
+    return state
 
 
 def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path) -> None:
