@@ -80,6 +80,25 @@ def test_stop_string_cancel_and_deadline_end_a_request(engine, model_and_tok):
     assert late.finish == "length" and 0 < len(late.ids) < 400
 
 
+def test_a_batch_with_stop_strings_lets_each_request_leave_at_its_first_stop(engine, model_and_tok):
+    """generate with stop strings: each answer is the whole answer cut at its first stop string,
+    as before; the request that reaches one leaves the batch there instead of decoding on to its
+    token limit, and one that never does is decoded whole."""
+    from stages.inference.batching import cut_at_stop
+
+    _, tok = model_and_tok
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    whole = engine.generate(prompts, Sampling(max_new_tokens=40))
+    stop = whole[0].text[5:7]
+    cut = engine.generate(prompts, Sampling(max_new_tokens=40, stop=[stop]))
+    assert [c.text for c in cut] == [cut_at_stop(w.text, [stop])[0] for w in whole]
+    assert cut[0].finish == "stop" and len(cut[0].ids) < len(whole[0].ids)
+    assert cut[0].ids == whole[0].ids[:len(cut[0].ids)]
+    for c, w in zip(cut, whole):
+        if stop not in w.text:
+            assert c.ids == w.ids and c.finish == w.finish
+
+
 def test_a_request_past_the_kv_cache_is_refused(engine, model_and_tok):
     _, tok = model_and_tok
     with pytest.raises(ValueError, match="4096 tokens of KV cache"):

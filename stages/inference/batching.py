@@ -8,8 +8,9 @@ top_p and top_k, and a greedy one (temperature 0) is sampled with top_k 1, which
 What a request cannot have of its own is a random generator: sampled requests share the batch's,
 so a seed makes no sampled answer repeatable (greedy ones are, and equal the sequential path's).
 
-Stop strings, deadlines and cancellation are the caller's side of the batch: `tokens` watches the
-text as it grows and cancels the request in the manager, which frees its KV pages at the next step.
+Stop strings, deadlines and cancellation are the caller's side of the batch: `tokens` (and
+`generate`, for stop strings) watches the text as it grows and cancels the request in the manager,
+which frees its KV pages at the next step.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class Sampling:
 
 @dataclass
 class Generated:
-    ids: list[int]  # the new tokens, up to (not including) a stop string's
+    ids: list[int]  # the new tokens, up to where the request ended (at or a little past a stop string)
     finish: str  # "stop" (end of turn or a stop string) or "length" (max_new_tokens or the deadline)
     text: str  # the new tokens' text, cut before a stop string
 
@@ -145,13 +146,15 @@ class Engine:
                 if waiting is not None:
                     waiting.put(out)
 
-    def _submit(self, ids: list[int], s: Sampling, streaming: bool) -> tuple[str, queue.Queue]:
+    def _submit(self, ids: list[int], s: Sampling, streaming: bool,
+                into: queue.Queue | None = None) -> tuple[str, queue.Queue]:
+        """Queue a request; its outputs go to a queue of its own, or to `into`, shared."""
         if len(ids) + s.max_new_tokens > self.kv_tokens:
             raise ValueError(f"{len(ids)} prompt and {s.max_new_tokens} new tokens are more than the "
                              f"{self.kv_tokens} tokens of KV cache this engine holds")
         with self.lock:
             self.count += 1
-            rid, waiting = f"r{self.count}", queue.Queue()
+            rid, waiting = f"r{self.count}", into or queue.Queue()
             self.waiting[rid] = waiting
         greedy = s.temperature <= 0
         own = {} if self.fixed else dict(temperature=1.0 if greedy else float(s.temperature),
@@ -220,21 +223,36 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], s: Sampling) -> list[Generated]:
         """Every prompt's answer, all in the batch at once (the batch admits what its KV cache holds
-        and the rest as pages free)."""
-        submitted, answers = [], []
+        and the rest as pages free). With stop strings the requests stream into one queue, and one
+        whose newest tokens hold a stop string leaves the batch then (a few-shot task's answer
+        ends where the model starts the next question, long before its token limit); the others
+        are decoded once, when they end."""
+        outputs: queue.Queue = queue.Queue()
+        order, answers = {}, {}
         try:
-            for ids in prompts:
-                submitted.append(self._submit(ids, s, streaming=False))
-            for rid, waiting in submitted:
-                out = None
-                while out is None:
-                    out = self._next(waiting)
+            for i, ids in enumerate(prompts):
+                order[self._submit(ids, s, streaming=bool(s.stop), into=outputs)[0]] = i
+            while len(answers) < len(prompts):
+                out = self._next(outputs)
+                if out is None or order[out.request_id] in answers:  # (queued before its request left)
+                    continue
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
                 new = list(out.generated_tokens)
-                text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
-                answers.append(self._answer(new, text, stopped, s))
+                if out.is_finished() or self._stopped(new, s.stop):
+                    text, stopped = cut_at_stop(self.tok.decode(new, skip_special_tokens=True), s.stop)
+                    answers[order[out.request_id]] = self._answer(new, text, stopped, s)
+                    self._finish(out.request_id, cancel=not out.is_finished())
         finally:  # what has not answered (a refused or failed request stops the rest) leaves the batch
-            for i, (rid, _) in enumerate(submitted):
-                self._finish(rid, cancel=i >= len(answers))
-        return answers
+            for rid, i in order.items():
+                if i not in answers:
+                    self._finish(rid, cancel=True)
+        return [answers[i] for i in range(len(prompts))]
+
+    def _stopped(self, new: list[int], stop: list[str]) -> bool:
+        """Whether the newest tokens hold a stop string: only they are decoded (a token is a
+        character or more, or a piece of one), so a step costs the same however long the answer."""
+        if not stop:
+            return False
+        tail = self.tok.decode(new[-4 * max(map(len, stop)) - 8:], skip_special_tokens=True)
+        return any(x in tail for x in stop)

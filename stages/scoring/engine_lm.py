@@ -10,8 +10,9 @@ HFLM's: the same strings in fp32 on the CPU (tests/test_eval_engine.py). What th
 do as HFLM does goes to HFLM's own generate_until: sampled requests (the batch's random stream
 cannot be seeded per request), generation settings beyond greedy's, and think tokens. The
 engine is made for one generate_until call and closed after it, so its KV cache never holds
-memory that the loglikelihood batches need. A request decodes to its end-of-text or its length;
-stop strings cut the text afterwards (the project's tasks stop at end-of-text only)."""
+memory that the loglikelihood batches need. A request leaves the batch at its end-of-text, its
+length or its first stop string (a few-shot task's "Question:"), and lm-eval's postprocess cuts
+the text there, as HFLM's stopping criteria and postprocess do."""
 from __future__ import annotations
 
 import json
