@@ -345,96 +345,90 @@ def test_replicas_that_fit_no_gpu_are_probed_sharded(tmp_path, monkeypatch):
         plan.probe(ctx, 1, 4, None)
 
 
-def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, monkeypatch):
-    """trainer.gathered_state, which only FSDP reaches (accelerate turns it on for accelerators
-    only), on a LoRA model sharded by torch's fully_shard over one gloo process: each trainable
-    tensor whole (a DTensor's full_tensor), under the names the unsharded model gives it, so PEFT
-    saves the adapter the unsharded model saves, byte for byte."""
-    import torch
+@pytest.fixture
+def fsdp_on_cpu(monkeypatch):
+    """One gloo process, enough for torch's fully_shard on the CPU (accelerate turns FSDP on for
+    accelerators only, so trainer.gathered_state is reached here through a stand-in Trainer): the
+    fixture shards a model per decoder layer and whole, as accelerate does, and gives the stand-in."""
     import torch.distributed as dist
-    from peft import LoraConfig, get_peft_model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
     from conftest import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+    def sharded_trainer(model, layers):
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+        class Trainer:
+            is_fsdp_enabled = True
+
+        Trainer.model = model
+        return Trainer()
+
+    yield sharded_trainer
+    dist.destroy_process_group()
+
+
+def small_qwen3(**config):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(Qwen3Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, **config), dtype=torch.float32)
+
+
+def test_an_adapter_under_fsdp_gathers_its_trainable_tensors_whole(tmp_path, fsdp_on_cpu):
+    """trainer.gathered_state on a LoRA model sharded by torch's fully_shard: each trainable tensor
+    whole (a DTensor's full_tensor), under the names the unsharded model gives it, so PEFT saves
+    the adapter the unsharded model saves, byte for byte."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.tensor import DTensor
+
     from stages.train.trainer import gathered_state
 
     def lora_model():
-        torch.manual_seed(0)
-        config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-        model = get_peft_model(AutoModelForCausalLM.from_config(config), LoraConfig(r=4, target_modules="all-linear"))
+        model = get_peft_model(small_qwen3(), LoraConfig(r=4, target_modules="all-linear"))
         with torch.no_grad():  # LoRA's B starts at zero: make every trainable tensor tell itself apart
             for p in model.parameters():
                 if p.requires_grad:
                     p.copy_(torch.randn_like(p))
         return model
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        plain, sharded = lora_model(), lora_model()
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in sharded.base_model.model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(sharded, mesh=mesh)
-        assert any(isinstance(p, DTensor) for p in sharded.parameters())
-
-        class Trainer:
-            is_fsdp_enabled, model = True, sharded
-
-        state = gathered_state(Trainer(), "lora", "float32")
-        expected = {n: p.detach() for n, p in plain.named_parameters() if p.requires_grad}
-        assert state.keys() == expected.keys() and all(torch.equal(state[n], expected[n]) for n in state)
-        plain.save_pretrained(tmp_path / "one", save_embedding_layers=False)
-        sharded.save_pretrained(tmp_path / "sharded", state_dict=state, save_embedding_layers=False)
-        assert ((tmp_path / "one" / "adapter_model.safetensors").read_bytes() ==
-                (tmp_path / "sharded" / "adapter_model.safetensors").read_bytes())
-    finally:
-        dist.destroy_process_group()
+    plain, sharded = lora_model(), lora_model()
+    trainer = fsdp_on_cpu(sharded, sharded.base_model.model.model.layers)
+    assert any(isinstance(p, DTensor) for p in sharded.parameters())
+    state = gathered_state(trainer, "lora", "float32")
+    expected = {n: p.detach() for n, p in plain.named_parameters() if p.requires_grad}
+    assert state.keys() == expected.keys() and all(torch.equal(state[n], expected[n]) for n in state)
+    plain.save_pretrained(tmp_path / "one", save_embedding_layers=False)
+    sharded.save_pretrained(tmp_path / "sharded", state_dict=state, save_embedding_layers=False)
+    assert ((tmp_path / "one" / "adapter_model.safetensors").read_bytes() ==
+            (tmp_path / "sharded" / "adapter_model.safetensors").read_bytes())
 
 
-def test_a_full_model_under_fsdp_gathers_what_one_process_saves(tmp_path, monkeypatch):
-    """trainer.gathered_state for a full fine-tune, on a Qwen3 with tied embeddings sharded by
-    torch's fully_shard over one gloo process: the gathered weights come back in the plan's dtype
-    and without the tied head's second name, so save_pretrained writes the bytes the unsharded
-    model writes in that dtype (on two GPUs the tied head was written twice, and in fp32)."""
+def test_a_full_model_under_fsdp_gathers_what_one_process_saves(tmp_path, fsdp_on_cpu):
+    """trainer.gathered_state for a full fine-tune, on a Qwen3 with tied embeddings in fp32 (as
+    FSDP2's master weights are): the gathered weights come back in the plan's dtype and without
+    the tied head's second name, so save_pretrained writes the bytes the unsharded model writes in
+    that dtype (on two GPUs the tied head was written twice, and in fp32)."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
-    from conftest import free_port
     from stages.train.trainer import gathered_state
 
-    def model():
-        torch.manual_seed(0)
-        config = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # fp32, as FSDP2's master weights
-
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        plain, sharded = model(), model()
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in sharded.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(sharded, mesh=mesh)
-
-        class Trainer:
-            is_fsdp_enabled, model = True, sharded
-
-        state = gathered_state(Trainer(), "none", "bfloat16")
-        assert "lm_head.weight" not in state and state["model.embed_tokens.weight"].dtype == torch.bfloat16
-        plain.to(torch.bfloat16).save_pretrained(tmp_path / "one")
-        sharded.save_pretrained(tmp_path / "sharded", state_dict=state)
-        assert ((tmp_path / "one" / "model.safetensors").read_bytes() ==
-                (tmp_path / "sharded" / "model.safetensors").read_bytes())
-    finally:
-        dist.destroy_process_group()
+    plain, sharded = small_qwen3(tie_word_embeddings=True), small_qwen3(tie_word_embeddings=True)
+    state = gathered_state(fsdp_on_cpu(sharded, sharded.model.layers), "none", "bfloat16")
+    assert "lm_head.weight" not in state and state["model.embed_tokens.weight"].dtype == torch.bfloat16
+    plain.to(torch.bfloat16).save_pretrained(tmp_path / "one")
+    sharded.save_pretrained(tmp_path / "sharded", state_dict=state)
+    assert ((tmp_path / "one" / "model.safetensors").read_bytes() ==
+            (tmp_path / "sharded" / "model.safetensors").read_bytes())
