@@ -190,3 +190,31 @@ def test_eval_speed_runs_hflm_and_the_engine_side_by_side(tmp_path):
     assert set(real) - set(r) == {"note"}
     assert len(r["runs"]) == 2 and all(set(x) == set(real["runs"][0]) for x in r["runs"])
     assert r["same_answers"] == r["requests"] == 12
+
+
+def test_hash_equal_brings_the_plan_over_and_compares_every_stage(warm, fresh, tmp_path):
+    """bench/hash_equal.py with two projects standing for two machines: the first pushes its build
+    and keeps only the plan's entry and bytes to carry (with every stage's entry to compare
+    against); the second builds with that as its remote, so its plan is fetched, and every stage's
+    digest equals the first's (tiny on the CPU is deterministic). A stage whose digests differ is
+    reported with the files that differ (here one entry's file digest, altered on the way)."""
+    carried = tmp_path / "carried"
+    bench("hash_equal", "first", "tiny", "--out", carried, cwd=warm)
+    assert [p.parent.name for p in (carried / "remote" / "ac").glob("*/*.json")] == ["plan"]
+    assert sum(p.stat().st_size for p in carried.rglob("*") if p.is_file()) < 1 << 20  # what travels is small
+    said = bench("hash_equal", "second", "tiny", "--from", carried, "--out", tmp_path / "equal.json", cwd=fresh)
+    result = fields(tmp_path / "equal.json")
+    assert result["plan_fetched"] and result["all_equal"], said
+    assert set(result["stages"]) == {"base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"}
+
+    first = json.loads((carried / "first.json").read_text())
+    key = first["stages"]["checkpoint"]["key"]
+    first["stages"]["checkpoint"]["digest"] = "0" * 64
+    (carried / "first.json").write_text(json.dumps(first))
+    entry_path = carried / "entries" / "checkpoint" / f"{key}.json"
+    entry = json.loads(entry_path.read_text())
+    entry["sidecar"]["files"]["metrics.jsonl"] = "0" * 64
+    entry_path.write_text(json.dumps(entry))
+    bench("hash_equal", "second", "tiny", "--from", carried, "--out", tmp_path / "differs.json", cwd=fresh)
+    row = fields(tmp_path / "differs.json")["stages"]["checkpoint"]
+    assert not row["same_digest"] and row["same_key"] and row["files_differing"] == ["metrics.jsonl"]

@@ -1,0 +1,123 @@
+"""Hash-equal across machines: build a recipe on one machine, bring its plan to a second machine of
+the same kind through the remote cache, build there, and compare every stage's digest, and where
+one differs, the files that differ (issue 39's last item; the seed's "same plan, same kernels,
+hash-equal outputs across machines").
+
+  python -m bench.hash_equal first RECIPE --out DIR
+      on the first machine, in the project: `doit manifest:RECIPE`, then `doit push:RECIPE` to
+      DIR/remote, of which only the plan's entry and bytes stay (what travels: a few KB);
+      every stage's entry goes to DIR/entries (its files' digests, to compare against), and
+      DIR/first.json says each stage's key and digest and the machine
+  python -m bench.hash_equal second RECIPE --from DIR --out FILE
+      on the second machine, in the project: `doit manifest:RECIPE` with MINDXTRAIN_REMOTE=DIR/remote,
+      so the plan is fetched (not probed again) and everything else is built here; FILE holds per
+      stage both keys and digests and, where the digests differ, the files whose digests differ
+
+The plan's key holds the device facts (GPU name, capability, CUDA and library versions), so it is
+fetched only where the second machine is of the same kind; otherwise the second plans afresh and
+the comparison says so (its plan's key differs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TRAVELS = "plan"  # the stage whose entry and bytes go to the second machine
+
+
+def doit(*args: str, env: dict | None = None) -> str:
+    """Run doit in the project (the current directory); its output, or SystemExit with its tail."""
+    p = subprocess.run([sys.executable, "-m", "doit", *args], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
+    if p.returncode:
+        raise SystemExit(f"doit {' '.join(args)} failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+    return p.stdout
+
+
+def machine() -> dict:
+    import torch
+
+    return {"host": platform.node(), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+
+
+def built(recipe: str, stages) -> dict:
+    """Each stage's key and digest in the current build (artifacts/<recipe>/<stage>.json)."""
+    return {s: json.loads(Path("artifacts", recipe, f"{s}.json").read_text()) for s in stages}
+
+
+def first(recipe: str, out: Path) -> None:
+    doit(f"manifest:{recipe}")
+    remote = out / "remote"
+    doit(f"push:{recipe}", "--remote", str(remote))
+    kept = set()
+    for entry in sorted((remote / "ac").glob("*/*.json")):
+        stage = entry.parent.name
+        (out / "entries" / stage).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(entry, out / "entries" / stage / entry.name)
+        if stage == TRAVELS:
+            e = json.loads(entry.read_text())
+            kept |= set(e["sidecar"]["files"].values()) | ({e["log"]["digest"]} if e["log"] else set())
+        else:
+            entry.unlink()
+    for blob in [p for p in (remote / "cas").rglob("*") if p.is_file() and p.name not in kept]:
+        blob.unlink()
+    stages = sorted(p.name for p in (out / "entries").iterdir())
+    (out / "first.json").write_text(json.dumps({"recipe": recipe, "machine": machine(),
+                                                "stages": built(recipe, stages)}, indent=1) + "\n")
+    print(f"first: {recipe} built and pushed; {out} holds the {TRAVELS} and every stage's entry")
+
+
+def second(recipe: str, came: Path, out: Path) -> dict:
+    from stages.engine.store import Store
+
+    before = json.loads((came / "first.json").read_text())
+    log = doit(f"manifest:{recipe}", env={"MINDXTRAIN_REMOTE": str((came / "remote").resolve())})
+    here, store = built(recipe, before["stages"]), Store(Path("artifacts"))
+    stages = {}
+    for stage, was in before["stages"].items():
+        now = here[stage]
+        row = {"first": was, "second": now, "same_key": was["key"] == now["key"],
+               "same_digest": was["digest"] == now["digest"]}
+        entry = came / "entries" / stage / f"{was['key']}.json"
+        if not row["same_digest"] and entry.is_file():
+            theirs = json.loads(entry.read_text())["sidecar"]["files"]
+            ours = store.sidecar(stage, now["key"])["files"]
+            row["files_differing"] = sorted(f for f in set(theirs) | set(ours) if theirs.get(f) != ours.get(f))
+        stages[stage] = row
+    result = {"recipe": recipe, "first_machine": before["machine"], "second_machine": machine(),
+              "plan_fetched": f"{TRAVELS}:{recipe}: fetched" in log, "stages": stages,
+              "all_equal": all(r["same_digest"] for r in stages.values())}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for stage, r in stages.items():
+        print(f"{stage:11} {'same' if r['same_digest'] else 'DIFFERS':7} {r['first']['digest'][:12]} "
+              f"{r['second']['digest'][:12]}" + (f"  files: {', '.join(r['files_differing'])}"
+                                                 if r.get("files_differing") else ""))
+    print(f"plan fetched from the first machine: {result['plan_fetched']}; all equal: {result['all_equal']}")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("step", choices=["first", "second"])
+    ap.add_argument("recipe")
+    ap.add_argument("--out", type=Path, required=True, help="first: the directory to carry; second: the result JSON")
+    ap.add_argument("--from", dest="came", type=Path, help="second: the directory the first wrote")
+    a = ap.parse_args()
+    if a.step == "first":
+        first(a.recipe, a.out)
+    elif a.came is None:
+        ap.error("second needs --from DIR (what first wrote)")
+    else:
+        second(a.recipe, a.came, a.out)
+
+
+if __name__ == "__main__":
+    main()
