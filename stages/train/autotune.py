@@ -20,15 +20,15 @@ A run the plan shards over several GPUs (FSDP2) is probed on one GPU through a m
 and what a layer adds (time, activations) is carried to the model's depth, over weights,
 gradients and optimizer state divided by the processes plus what FSDP2 gathers whole at once.
 So a base that fits no single GPU is planned too, by the search above, on the sharded run's
-figures; the checkpoint stage records its measured peak beside the estimate.
+figures; the plan's sidecar keeps the peak it expects, the checkpoint's the peak training reached.
 """
 from __future__ import annotations
 
 import importlib.util
 import statistics
-from contextlib import contextmanager
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from stages.train.methods import METHODS
