@@ -9,6 +9,8 @@
 #   gpu/shared/tokenizers/qwen3  Qwen3's tokenizer
 # A training process that outlives HANG seconds (default 240) gets SIGABRT, and with
 # PYTHONFAULTHANDLER its threads' tracebacks land in the stage log: a hang shows where it hangs.
+# A 14B full fine-tune's process lives longer than that without hanging (loading, 10 steps, the
+# save of its weights: more than 4 minutes on 4 x H200): give it HANG=500 or more.
 #
 #   LIMIT=540 bash bench/gpu_scale.sh --workloads 8b_lora --gpus 1,2,4 --sides ours,fsdp2@4,peer@4   (results
 #   and logs under $OUT; the wheels are installed once per machine, under /tmp/site)
