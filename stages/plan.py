@@ -114,9 +114,14 @@ def split(recipe, processes: int, base: Path, probed: bool) -> dict | None:
     return settings.sharding(processes, "cuda", fits)
 
 
+def out_of_memory(measurements: list[dict]) -> bool:
+    """Whether every probed setting ran out of memory (rather than a kernel failing to run)."""
+    return bool(measurements) and all("OutOfMemoryError" in m.get("error", "") for m in measurements)
+
+
 def nothing_ran(measurements: list[dict], processes: int, sharded: bool) -> str:
     """The plan's one line where no probed setting ran a step."""
-    if measurements and all("OutOfMemoryError" in m.get("error", "") for m in measurements):
+    if out_of_memory(measurements):
         where = f"sharded over {processes} GPUs (FSDP2)" if sharded else "on one GPU"
         return (f"plan: no setting fits {where}, not even micro-batch 1 with full checkpointing: give it more "
                 f"GPUs (hardware.gpus), shorter sequences (data.max_length), or train LoRA (train.peft: lora)")
@@ -126,14 +131,17 @@ def nothing_ran(measurements: list[dict], processes: int, sharded: bool) -> str:
 
 def probe(ctx, processes: int, batch: int, sharding: dict | None) -> tuple[dict, dict | None]:
     """The probe's result and the run's sharding: a run of replicas is probed whole on one GPU,
-    and sharded instead where no setting fits there; a sharded run is probed through the memory
-    model of its shards (autotune.sharded_estimate)."""
+    and sharded instead where every setting ran out of memory there, in what is left of the one
+    budget; a sharded run is probed through the memory model of its shards (autotune.sharded_estimate)."""
+    import time
+
+    deadline = time.monotonic() + ctx.recipe.autotune.budget_seconds
     shards = processes if sharding else 1
-    found = autotune.probe(ctx.upstream["base"], ctx.recipe, ctx.log, batch, shards=shards)
-    if found["decisions"] is None and shards == 1 and processes > 1:
+    found = autotune.probe(ctx.upstream["base"], ctx.recipe, ctx.log, batch, shards=shards, deadline=deadline)
+    if found["decisions"] is None and shards == 1 and processes > 1 and out_of_memory(found["measurements"]):
         ctx.log.info("plan: no setting fits a whole replica on one GPU; probing the run sharded over %d", processes)
         sharding = settings.sharding(processes, "cuda")
-        found = autotune.probe(ctx.upstream["base"], ctx.recipe, ctx.log, batch, shards=processes)
+        found = autotune.probe(ctx.upstream["base"], ctx.recipe, ctx.log, batch, shards=processes, deadline=deadline)
     if found["decisions"] is None:
         raise UserError(nothing_ran(found["measurements"], processes, sharding is not None))
     chosen = next(m for m in found["measurements"] if "error" not in m and found["decisions"].items() <= m.items())

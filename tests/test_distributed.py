@@ -313,9 +313,9 @@ def test_no_setting_that_fits_is_told_in_one_line_naming_where():
 
 
 def test_replicas_that_fit_no_gpu_are_probed_sharded(tmp_path, monkeypatch):
-    """plan.probe: a run of replicas is probed whole on one GPU; where no setting fits there, the
-    run is sharded (FSDP2) and probed again through the memory model of its shards; a run the plan
-    shards from the start is probed that way at once. Here autotune.probe's GPU steps are stood in
+    """plan.probe: a run of replicas is probed whole on one GPU; where every setting ran out of
+    memory there, the run is sharded (FSDP2) and probed again through the memory model of its
+    shards (not where a kernel failed); a run the plan shards from the start is probed that way at once. Here autotune.probe's GPU steps are stood in
     for by a table: a whole replica never fits, a shard at micro-batch 1 does."""
     from types import SimpleNamespace
 
@@ -323,19 +323,21 @@ def test_replicas_that_fit_no_gpu_are_probed_sharded(tmp_path, monkeypatch):
     from stages.engine.errors import UserError
     from stages.train import autotune
 
-    asked = []
+    asked, oom = [], {"error": "OutOfMemoryError: CUDA out of memory"}
+    whole = [oom]  # what the whole replica's settings did
 
-    def probe(base, recipe, log, batch, shards=1):
+    def probe(base, recipe, log, batch, shards=1, deadline=None):
         asked.append(shards)
-        oom = {"error": "OutOfMemoryError: CUDA out of memory"}
+        assert deadline is not None  # both probes share the recipe's one budget
         if shards == 1:
-            return {"decisions": None, "measurements": [oom]}
+            return {"decisions": None, "measurements": whole}
         setting = {"micro_batch_size": 1, "compile": True}
         return {"decisions": setting, "tokens_per_s": 900.0,
                 "measurements": [oom, {**setting, "tokens_per_s": 900.0, "peak_bytes": 70 * 2**30}]}
 
     monkeypatch.setattr(autotune, "probe", probe)
-    ctx = SimpleNamespace(upstream={"base": tmp_path}, recipe=None, log=SimpleNamespace(info=lambda *a: None))
+    ctx = SimpleNamespace(upstream={"base": tmp_path}, recipe=SimpleNamespace(autotune=SimpleNamespace(budget_seconds=60)),
+                          log=SimpleNamespace(info=lambda *a: None))
     found, sharding = plan.probe(ctx, 4, 4, None)
     assert asked == [1, 4] and sharding["version"] == 2 and found["peak_bytes"] == 70 * 2**30
     asked.clear()
@@ -343,6 +345,11 @@ def test_replicas_that_fit_no_gpu_are_probed_sharded(tmp_path, monkeypatch):
     assert asked == [4] and sharding == {"version": 2}
     with pytest.raises(UserError, match="on one GPU"):
         plan.probe(ctx, 1, 4, None)
+    asked.clear()
+    whole[:] = [{"error": "RuntimeError: No available kernel"}]  # not memory: sharding would not help
+    with pytest.raises(UserError, match="no attention implementation"):
+        plan.probe(ctx, 4, 4, None)
+    assert asked == [1]
 
 
 @pytest.fixture

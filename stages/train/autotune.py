@@ -204,14 +204,12 @@ MASTER_BYTES = 16  # a trainable parameter under FSDP2: accelerate keeps it in f
 
 def parameter_counts(model, layer) -> dict:
     """Parameters of one decoder layer (`layer`; every layer is alike) and of the rest of the
-    model: how many, how many trainable, the bytes of the frozen ones and of the trainable ones'
-    gradients as this model holds them."""
+    model: how many, how many trainable, and the bytes of the frozen ones as this model holds them."""
     def count(params) -> dict:
         params = list(params)
         return {"params": sum(p.numel() for p in params),
                 "trainable": sum(p.numel() for p in params if p.requires_grad),
-                "frozen_bytes": sum(p.numel() * p.element_size() for p in params if not p.requires_grad),
-                "grad_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad)}
+                "frozen_bytes": sum(p.numel() * p.element_size() for p in params if not p.requires_grad)}
 
     in_layers = {id(p) for each in decoder_layers(model) for p in each.parameters()}
     return {"layer": count(layer.parameters()), "other": count(p for p in model.parameters() if id(p) not in in_layers)}
@@ -219,22 +217,25 @@ def parameter_counts(model, layer) -> dict:
 
 def sharded_estimate(shallow: dict, deep: dict, layers: int, shards: int, counts: dict) -> dict:
     """One sharded process's step, from the steps of two slices DEPTHS layers deep on one GPU.
-    Time and activations (a slice's peak over what it held before the step, less its gradients)
-    grow by what one layer adds from one slice to the other. Memory: frozen weights, and trainable
-    ones at MASTER_BYTES, divided by the processes; whole at once in COMPUTE_BYTES, as FSDP2
-    gathers them, the weights outside the layers (embeddings, the head: counted whole throughout),
-    two layers' weights (one computing, the next prefetched) and one layer's gradients before they
-    are reduce-scattered. Communication is not counted: FSDP2 overlaps it with compute."""
+    Time and activations (a slice's peak over what it held before the step, its gradients dropped
+    as they landed) grow by what one layer adds from one slice to the other (never less than
+    nothing: a slice's peak may be at the loss, the same at any depth). Memory: frozen weights,
+    and trainable ones at MASTER_BYTES, divided by the processes; whole at once in COMPUTE_BYTES,
+    as FSDP2 gathers them, the weights outside the layers (embeddings, the head: counted whole
+    throughout) and their gradients (the head's are not resharded before the backward ends), two
+    layers' weights (one computing, the next prefetched) and one layer's gradients before they are
+    reduce-scattered. `resident_bytes` is all of that but the activations: what does not grow with
+    the micro-batch. Communication is not counted: FSDP2 overlaps it with compute."""
     k1, k2 = DEPTHS
     grow = (layers - k2) / (k2 - k1)
-    seconds = deep["step_seconds"] + grow * (deep["step_seconds"] - shallow["step_seconds"])
-    activations = deep["activation_bytes"] + grow * (deep["activation_bytes"] - shallow["activation_bytes"])
+    seconds = deep["step_seconds"] + grow * max(0.0, deep["step_seconds"] - shallow["step_seconds"])
+    activations = deep["activation_bytes"] + grow * max(0, deep["activation_bytes"] - shallow["activation_bytes"])
     layer, other = counts["layer"], counts["other"]
-    resident = sum(n * (part["frozen_bytes"] + MASTER_BYTES * part["trainable"])
-                   for n, part in ((layers, layer), (1, other))) / shards
-    gathered = COMPUTE_BYTES * (other["params"] + 2 * layer["params"] + layer["trainable"])
+    state = sum(n * (part["frozen_bytes"] + MASTER_BYTES * part["trainable"])
+                for n, part in ((layers, layer), (1, other))) / shards
+    gathered = COMPUTE_BYTES * (other["params"] + other["trainable"] + 2 * layer["params"] + layer["trainable"])
     return {"tokens_per_s": round(deep["tokens"] / seconds, 1), "step_seconds": round(seconds, 4),
-            "peak_bytes": int(resident + gathered + activations), "resident_bytes": int(resident)}
+            "peak_bytes": int(state + gathered + activations), "resident_bytes": int(state + gathered)}
 
 
 @contextmanager
@@ -250,11 +251,12 @@ def first_layers(model, depth: int):
         decoder.layers = whole
 
 
-def probe(config_dir, recipe, log, batch: int, shards: int = 1) -> dict:
+def probe(config_dir, recipe, log, batch: int, shards: int = 1, deadline: float | None = None) -> dict:
     """Build the run's model on the GPU once and search micro-batches that divide `batch` (one
-    process's share of the global batch); returns search()'s result. With `shards` > 1 the run
-    is sharded over that many GPUs: the model built is DEPTHS[-1] layers deep and each setting's
-    figures are sharded_estimate's."""
+    process's share of the global batch) until `deadline` (time.monotonic(); default: the
+    recipe's autotune.budget_seconds from now); returns search()'s result. With `shards` > 1 the
+    run is sharded over that many GPUs: the model built is DEPTHS[-1] layers deep and each
+    setting's figures are sharded_estimate's."""
     import os
 
     import torch
@@ -269,7 +271,7 @@ def probe(config_dir, recipe, log, batch: int, shards: int = 1) -> dict:
         if isinstance(getattr(config, "layer_types", None), list):
             config.layer_types = config.layer_types[:DEPTHS[-1]]
     t = recipe.train
-    deadline = time.monotonic() + recipe.autotune.budget_seconds
+    deadline = deadline or time.monotonic() + recipe.autotune.budget_seconds
     total = torch.cuda.get_device_properties(0).total_memory
 
     weights = tempfile.TemporaryDirectory(prefix="mindxtrain-probe-")  # qlora: random weights to load in 4-bit
@@ -323,11 +325,17 @@ def probe(config_dir, recipe, log, batch: int, shards: int = 1) -> dict:
         return model
 
     def steps(model, optimizer, batch, sliced: bool = False) -> dict:
-        """Timed steps after a warm-up (which compiles): the median step and, for a slice, what
-        its timed steps held over what was held before them (weights, optimizer state)."""
-        times, before = [], 0
+        """Timed steps after a warm-up (which compiles and makes the optimizer's state): the median
+        step and, for a slice, what its timed steps held over what was held before them (weights,
+        optimizer state): its activations. In a slice's timed steps each gradient is dropped as it
+        lands, as FSDP2 reduce-scatters a layer's gradients and frees them (sharded_estimate
+        counts the kept shards and the one layer in flight), so the optimizer has nothing to step:
+        a sharded process's step over its shard is small beside the layers'."""
+        times, before, hooks = [], 0, []
         for step in range(1 + TIMED_STEPS):
             if step == 1 and sliced:
+                hooks = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+                         for p in model.parameters() if p.requires_grad]
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
             torch.cuda.synchronize()
@@ -339,8 +347,10 @@ def probe(config_dir, recipe, log, batch: int, shards: int = 1) -> dict:
             optimizer.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+        for hook in hooks:
+            hook.remove()
         return {"step_seconds": statistics.median(times[1:]), "tokens": batch["input_ids"].numel(),
-                "held_bytes": torch.cuda.max_memory_allocated() - before}
+                "activation_bytes": torch.cuda.max_memory_allocated() - before}
 
     def sliced(model, optimizer, batch) -> dict:
         """sharded_estimate of the slices: the model's first DEPTHS[0] layers, then all of them."""
@@ -348,9 +358,7 @@ def probe(config_dir, recipe, log, batch: int, shards: int = 1) -> dict:
         found = []
         for depth in DEPTHS:
             with first_layers(model, depth):
-                figures = steps(model, optimizer, batch, sliced=True)
-            grads = depth * counts["layer"]["grad_bytes"] + counts["other"]["grad_bytes"]
-            found.append({**figures, "activation_bytes": figures["held_bytes"] - grads})
+                found.append(steps(model, optimizer, batch, sliced=True))
         return {**sharded_estimate(*found, layers=layers, shards=shards, counts=counts),
                 "slices": [{k: round(v, 4) for k, v in f.items()} for f in found]}
 
