@@ -48,8 +48,35 @@ def machine() -> dict:
 
 
 def built(recipe: str, stages) -> dict:
-    """Each stage's key and digest in the current build (artifacts/<recipe>/<stage>.json)."""
-    return {s: json.loads(Path("artifacts", recipe, f"{s}.json").read_text()) for s in stages}
+    """Each stage's key and digest in the current build (the store's pointers)."""
+    from stages.engine.store import Store
+
+    store = Store(Path("artifacts"))
+    return {s: store.pointer(recipe, s) for s in stages}
+
+
+def carried_entry(came: Path, stage: str, key: str) -> dict | None:
+    """The first machine's entry of (stage, key) as DIR carries it, checked as a fetch checks a
+    remote's (remote.checked: within ENTRY_CAP, the shape push writes, its key and digest its own);
+    None where DIR has none. DIR came from another machine: a name in first.json that could lead
+    out of DIR, or an entry that fails the check, ends the run in one line."""
+    from stages.engine import remote
+    from stages.engine.names import named
+    from stages.table import STAGES
+
+    if not named(stage, key, STAGES):
+        raise SystemExit(f"{came / 'first.json'}: {stage!r} {key!r} is not a stage and key; carry DIR again")
+    path = came / "entries" / stage / f"{key}.json"
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        data = f.read(remote.ENTRY_CAP + 1)
+    if len(data) > remote.ENTRY_CAP:
+        raise SystemExit(f"{path}: larger than {remote.ENTRY_CAP} bytes; carry DIR again")
+    try:
+        return remote.checked(data, stage, key, STAGES, str(path))
+    except remote.Rejected as e:
+        raise SystemExit(str(e)) from None
 
 
 def first(recipe: str, out: Path) -> None:
@@ -78,6 +105,7 @@ def second(recipe: str, came: Path, out: Path) -> dict:
     from stages.engine.store import Store
 
     before = json.loads((came / "first.json").read_text())
+    entries = {stage: carried_entry(came, stage, was["key"]) for stage, was in before["stages"].items()}
     log = doit(f"manifest:{recipe}", env={"MINDXTRAIN_REMOTE": str((came / "remote").resolve())})
     here, store = built(recipe, before["stages"]), Store(Path("artifacts"))
     stages = {}
@@ -85,9 +113,8 @@ def second(recipe: str, came: Path, out: Path) -> dict:
         now = here[stage]
         row = {"first": was, "second": now, "same_key": was["key"] == now["key"],
                "same_digest": was["digest"] == now["digest"]}
-        entry = came / "entries" / stage / f"{was['key']}.json"
-        if not row["same_digest"] and entry.is_file():
-            theirs = json.loads(entry.read_text())["sidecar"]["files"]
+        if not row["same_digest"] and entries[stage]:
+            theirs = entries[stage]["sidecar"]["files"]
             ours = store.sidecar(stage, now["key"])["files"]
             row["files_differing"] = sorted(f for f in set(theirs) | set(ours) if theirs.get(f) != ours.get(f))
         stages[stage] = row

@@ -207,14 +207,27 @@ def test_hash_equal_brings_the_plan_over_and_compares_every_stage(warm, fresh, t
     assert result["plan_fetched"] and result["all_equal"], said
     assert set(result["stages"]) == {"base", "plan", "shards", "checkpoint", "quantized", "eval", "manifest"}
 
+    from stages.engine.store import merkle
+
     first = json.loads((carried / "first.json").read_text())
     key = first["stages"]["checkpoint"]["key"]
-    first["stages"]["checkpoint"]["digest"] = "0" * 64
-    (carried / "first.json").write_text(json.dumps(first))
     entry_path = carried / "entries" / "checkpoint" / f"{key}.json"
-    entry = json.loads(entry_path.read_text())
+    entry = json.loads(entry_path.read_text())  # as another machine's build of the same key, other bytes
     entry["sidecar"]["files"]["metrics.jsonl"] = "0" * 64
+    entry["sidecar"]["digest"] = first["stages"]["checkpoint"]["digest"] = merkle(entry["sidecar"]["files"])
     entry_path.write_text(json.dumps(entry))
+    (carried / "first.json").write_text(json.dumps(first))
     bench("hash_equal", "second", "tiny", "--from", carried, "--out", tmp_path / "differs.json", cwd=fresh)
     row = fields(tmp_path / "differs.json")["stages"]["checkpoint"]
     assert not row["same_digest"] and row["same_key"] and row["files_differing"] == ["metrics.jsonl"]
+
+    entry["sidecar"]["files"]["../../outside"] = "0" * 64  # a carried entry is checked as a remote's
+    entry_path.write_text(json.dumps(entry))
+    p = subprocess.run([sys.executable, "-m", "bench.hash_equal", "second", "tiny", "--from", str(carried), "--out",
+                        str(tmp_path / "hostile.json")], cwd=fresh, capture_output=True, text=True)
+    assert p.returncode != 0 and "'../../outside' has an empty, . or .. part" in p.stderr, p.stderr[-2000:]
+    first["stages"]["checkpoint"]["key"] = "../" + key  # and a name in first.json that leads out of DIR
+    (carried / "first.json").write_text(json.dumps(first))
+    p = subprocess.run([sys.executable, "-m", "bench.hash_equal", "second", "tiny", "--from", str(carried), "--out",
+                        str(tmp_path / "hostile.json")], cwd=fresh, capture_output=True, text=True)
+    assert p.returncode != 0 and "is not a stage and key" in p.stderr and not (tmp_path / "hostile.json").exists()
