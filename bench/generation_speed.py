@@ -255,9 +255,10 @@ def run(args, result: dict, save) -> None:
         context = result["prompt_tokens"]["median"] + new_tokens // 2  # the mean context while decoding
         if bandwidth:
             r["bandwidth_bound_tokens_per_s"] = bandwidth / (weight_bytes + kv_token * context)
-        peer_prompts = prompts[:2 if args.tiny or new_tokens > 128 else 4]
-        sequential(model, peer_prompts[:1], 8)  # warm-up
-        r["peer_generate_one_at_a_time_tokens_per_s"], _ = sequential(model, peer_prompts, new_tokens)
+        if not args.serving_only:
+            peer_prompts = prompts[:2 if args.tiny or new_tokens > 128 else 4]
+            sequential(model, peer_prompts[:1], 8)  # warm-up
+            r["peer_generate_one_at_a_time_tokens_per_s"], _ = sequential(model, peer_prompts, new_tokens)
         save()
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
@@ -289,8 +290,11 @@ def serve_measures(args, result, save, clients, served, served_model, model, que
         if "bandwidth_bound_tokens_per_s" in r:
             r["single_stream_share_of_bound"] = r["single_stream_tokens_per_s"] / r["bandwidth_bound_tokens_per_s"]
         for c in r["concurrent"].values():
-            c["x_peer_one_at_a_time"] = c["tokens_per_s"] / r["peer_generate_one_at_a_time_tokens_per_s"]
+            if "peer_generate_one_at_a_time_tokens_per_s" in r:
+                c["x_peer_one_at_a_time"] = c["tokens_per_s"] / r["peer_generate_one_at_a_time_tokens_per_s"]
         save()
+    if args.serving_only:
+        return
     # greedy equality: the engine's tokens for the peer's prompts beside generate's
     from stages.inference.batching import Sampling
 
@@ -349,6 +353,9 @@ def main():
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512], help="completion lengths measured")
     ap.add_argument("--levels", type=int, nargs="+", default=[8, 32, 128], help="concurrent clients measured")
     ap.add_argument("--serve-peer", action="store_true", help="also measure `transformers serve --continuous-batching`")
+    ap.add_argument("--serving-only", action="store_true",
+                    help="the served engine only (no `generate` peer, no greedy comparison): two versions of the "
+                         "server side by side, one run after another on one machine")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                     help="a field of transformers' ContinuousBatchingConfig for the engine, e.g. use_async_batching=true")
     args = ap.parse_args()

@@ -61,6 +61,43 @@ def test_concurrent_streams_share_decode_steps(engine, model_and_tok):
     assert max(s[0] for s in spans.values()) < min(s[1] for s in spans.values())
 
 
+def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, model_and_tok, monkeypatch):
+    """The server's path (Engine.stream, on the event loop): concurrent streams are decoded
+    together, each one's text grows to the answer `generate` gives, and a stream closed after its
+    first piece (its client went away) is cancelled in the batch and forgotten."""
+    import asyncio
+
+    _, tok = model_and_tok
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    whole = engine.generate(prompts, Sampling(max_new_tokens=24))
+    cancelled, cancel = [], engine.manager.cancel_request
+    monkeypatch.setattr(engine.manager, "cancel_request", lambda rid: (cancelled.append(rid), cancel(rid)))
+
+    async def read(ids):
+        pieces, first = [], None
+        async for piece in engine.stream(ids, Sampling(max_new_tokens=24)):
+            first = first or time.monotonic()
+            pieces.append(piece)
+        return first, time.monotonic(), pieces
+
+    async def leave(ids):
+        pieces = engine.stream(ids, Sampling(max_new_tokens=400))
+        first = await anext(pieces)
+        await pieces.aclose()
+        return first
+
+    async def together():
+        return await asyncio.gather(*(read(ids) for ids in prompts), leave(prompts[0]))
+
+    *streams, left = asyncio.run(together())
+    assert [s[2][-1].ids for s in streams] == [w.ids for w in whole]
+    for _, _, pieces in streams:
+        texts = pieces[:-1] + [pieces[-1].text]
+        assert all(isinstance(t, str) and b.startswith(t) for t, b in zip(texts, texts[1:]))
+    assert max(s[0] for s in streams) < min(s[1] for s in streams)
+    assert isinstance(left, str) and len(cancelled) == 1 and not engine.waiting
+
+
 def test_stop_string_cancel_and_deadline_end_a_request(engine, model_and_tok):
     _, tok = model_and_tok
     ids = tok(PROMPTS[0])["input_ids"]
@@ -175,3 +212,39 @@ def test_more_requests_than_the_default_thread_pool_share_the_batch(model_and_to
         server.should_exit = True
         thread.join()
         served.close()
+
+
+@pytest.mark.parametrize("which", ["char", "qwen3"])
+def test_the_text_as_it_grows_is_the_whole_decode(which, model_and_tok):
+    """Detokenizer extends the text a token at a time; after every token it is what decoding all
+    the tokens gives, or, while a character still misses bytes (the whole decode shows U+FFFD), a
+    start of it that holds back that token: on the tiny model's tokenizer, and on Qwen3's over text
+    in several scripts, where emoji and CJK characters span tokens."""
+    from pathlib import Path
+
+    from stages.inference.batching import Detokenizer
+
+    if which == "char":
+        tok = model_and_tok[1]
+    else:
+        qwen3 = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "qwen3"
+        if not qwen3.is_dir():
+            pytest.skip("../shared/tokenizers/qwen3 is not on this machine")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(qwen3)
+    text = "Grüße, 世界! Ünïcödé 🤖🧠 — «quotes» ½ x² naïve café 日本語のテキスト\n\tend. " * 3
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    grow = Detokenizer(tok)
+    assert grow.backend is not None  # both are fast tokenizers: the incremental path is the one tested
+    withheld = 0
+    for k in range(1, len(ids) + 1):
+        whole, grown = tok.decode(ids[:k], skip_special_tokens=True), grow(ids[:k])
+        if whole.endswith("\ufffd"):
+            withheld += 1
+            assert whole.startswith(grown) and len(grown) >= len(tok.decode(ids[:k - 1], skip_special_tokens=True)
+                                                                  .rstrip("\ufffd")) - 1
+        else:
+            assert grown == whole
+    assert grow(ids) == tok.decode(ids, skip_special_tokens=True)
+    assert which == "char" or withheld  # some character did span tokens

@@ -189,9 +189,9 @@ def leave_mid_generation(port: int, model: str, stream: bool) -> None:
 
 
 def test_clients_that_leave_free_the_model_at_once(server):
-    """Four clients ask for a long non-streamed answer each (the rest of the context) and go away a
-    quarter of a second later: the next request is answered in less than half the time one such
-    answer takes, not after the abandoned generations would have ended."""
+    """Four clients ask for a long answer each (the rest of the context), non-streamed and then
+    streamed, and go away a quarter of a second later: the next request is answered in less than
+    half the time one such answer takes, not after the abandoned generations would have ended."""
     model, c = server.models[0].id, server.client
     for _ in range(3):  # sampled: an end token can come early (the server does not seed requests)
         start = time.monotonic()
@@ -200,16 +200,18 @@ def test_clients_that_leave_free_the_model_at_once(server):
         if whole.usage.total_tokens == 1024:
             break
     assert whole.usage.total_tokens == 1024, whole.usage  # it runs to the end of the context
-    with ThreadPoolExecutor(4) as leavers:
-        for _ in range(4):
-            leavers.submit(leave_mid_generation, server.port, model, False)
-    start = time.monotonic()
-    after = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2 + 2?"}],
-                                      temperature=0, max_tokens=4)
-    waited = time.monotonic() - start
-    print(f"after four clients left: answered in {waited:.2f} s (one abandoned answer takes {alone_s:.2f} s)")
-    assert after.choices[0].message.content is not None
-    assert waited < alone_s / 2, f"waited {waited:.2f} s; one abandoned answer takes {alone_s:.2f} s"
+    for stream in (False, True):
+        with ThreadPoolExecutor(4) as leavers:
+            for _ in range(4):
+                leavers.submit(leave_mid_generation, server.port, model, stream)
+        start = time.monotonic()
+        after = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2 + 2?"}],
+                                          temperature=0, max_tokens=4)
+        waited = time.monotonic() - start
+        print(f"after four {'streaming ' * stream}clients left: answered in {waited:.2f} s "
+              f"(one abandoned answer takes {alone_s:.2f} s)")
+        assert after.choices[0].message.content is not None
+        assert waited < alone_s / 2, f"waited {waited:.2f} s; one abandoned answer takes {alone_s:.2f} s"
 
 
 def test_past_the_in_flight_limit_a_request_is_429_at_once(server):

@@ -24,7 +24,7 @@ import json
 import threading
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Literal, Optional, Union
 
 import anyio
@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
@@ -182,8 +182,8 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
     a generation stops `time_limit` seconds after its request came. app.state.limits says the bounds."""
     @asynccontextmanager
     async def lifespan(_):
-        # Every request in flight holds a worker thread while it waits on the batch (a non-streamed
-        # one for its whole generation): anyio's default pool of 40 would cap the batch at 40.
+        # A non-streamed request holds a worker thread for its whole generation (a streamed one
+        # waits on the event loop): anyio's default pool of 40 would cap the batch at 40.
         anyio.to_thread.current_default_thread_limiter().total_tokens = MAX_IN_FLIGHT + SPARE_THREADS
         yield
 
@@ -295,23 +295,20 @@ def usage(prompt_tokens: int, answer: Generated) -> dict:
 
 async def chunks(model: ServedModel, ids: list[int], settings: Settings, reply: dict, include_usage: bool):
     """The streamed answer as OpenAI's chat.completion.chunk events, then [DONE]; a client that
-    goes away stops the generation."""
-    cancel = threading.Event()
+    goes away stops the generation (sse-starlette cancels this generator, which closes the model's)."""
     head = {**reply, "object": "chat.completion.chunk"}
 
     def chunk(delta: dict, finish=None) -> dict:
         return {"data": json.dumps({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
                                                           "logprobs": None}]})}
 
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        async for piece in iterate_in_threadpool(model.stream(ids, settings, cancel)):
+    yield chunk({"role": "assistant", "content": ""})
+    async with aclosing(model.stream(ids, settings)) as pieces:
+        async for piece in pieces:
             if isinstance(piece, Generated):
                 yield chunk({}, piece.finish)
                 if include_usage:
                     yield {"data": json.dumps({**head, "choices": [], "usage": usage(len(ids), piece)})}
             else:
                 yield chunk({"content": piece})
-        yield {"data": "[DONE]"}
-    finally:
-        cancel.set()
+    yield {"data": "[DONE]"}

@@ -65,11 +65,12 @@ class ServedModel:
                 return piece
         raise AssertionError("the engine ends every request with its answer")
 
-    def stream(self, ids: list[int], s: Settings, cancel: threading.Event):
+    async def stream(self, ids: list[int], s: Settings):
         """Yields pieces of text as they are decoded, then the Generated answer (its text the pieces joined).
-        A piece that could be the start of a stop string is held back until it is known not to be."""
+        A piece that could be the start of a stop string is held back until it is known not to be.
+        Closing it (its client went away) ends the generation."""
         sent, hold = 0, max((len(x) for x in s.stop), default=1) - 1
-        for piece in self.engine.tokens(ids, s.sampling(), cancel):
+        async for piece in self.engine.stream(ids, s.sampling()):
             if isinstance(piece, Generated):
                 if len(piece.text) > sent:
                     yield piece.text[sent:]
