@@ -7,8 +7,12 @@ the engine's settings change. Written for one lent GPU; results under $OUT (defa
               then transformers' `generate` with a static cache (compiled, CUDA graphs) at 1 and
               8 prompts, three times each (the first includes the compile)
   --variants  per-request settings, one setting for the batch (sampling=(1, 1): no logits
-              processors), the same with transformers' compile level 1, and per-request settings
-              with compile level 1; 1, 8 and 32 prompts, 128 new tokens, twice each
+              processors), the same with transformers' compile level 1, per-request settings
+              with compile level 1 (it fails: inductor and the top-p sampler), and per-request
+              settings with the model's forward alone compiled (torch.compile, dynamic shapes; the
+              logits processors stay eager inside transformers' CUDA graph: on the CPU, tiny,
+              its greedy answers equal the eager engine's); 1, 8 and 32 prompts, 128 new tokens,
+              twice each, and the greedy tokens of 4 prompts beside the uncompiled engine's
 
 docs/serving.md reads bench/results/generation_engine_{profile,variants}_h200_2026-11-26.json.
 
@@ -76,7 +80,7 @@ def profile(model, tok, prompts, eos, out: Path) -> dict:
 def variants(model, tok, prompts, eos, out: Path) -> dict:
     import torch
 
-    from stages.inference.batching import Engine
+    from stages.inference.batching import Engine, Sampling
 
     res = {}
 
@@ -86,20 +90,32 @@ def variants(model, tok, prompts, eos, out: Path) -> dict:
         first = time.perf_counter() - t
         res[name] = {"first_s": round(first, 1), "tok_s": [round(rate(eng, prompts[:n], 128, temp)) for _ in range(2)]}
         print(name, res[name], flush=True)
+    greedy = {}
     for name, opts, sampling in (("perreq", {}, None), ("fixed", {}, (1.0, 1.0)),
                                  ("fixed_c1", {"default_compile_level": 1}, (1.0, 1.0)),
-                                 ("perreq_c1", {"default_compile_level": 1}, None)):
+                                 ("perreq_c1", {"default_compile_level": 1}, None),
+                                 ("perreq_forward_compiled", {}, None)):
         try:
+            if name == "perreq_forward_compiled":
+                model.forward = torch.compile(model.forward, dynamic=True)
             eng = Engine(model, tok, eos, 64 * 1024, opts, sampling=sampling)
             try:
                 for n, temp in ((1, 0.0 if sampling is None else 1.0), (8, 1.0), (32, 1.0)):
                     measure(f"{name}_{n}", eng, n, temp)
+                if sampling is None:
+                    greedy[name] = [a.ids for a in eng.generate(prompts[:4], Sampling(64))]
             finally:
                 eng.close()
         except Exception as e:  # a setting that fails is a result
             res[name] = {"error": repr(e)[:500]}
             traceback.print_exc()
+        finally:
+            vars(model).pop("forward", None)  # the class's forward again
         torch.cuda.empty_cache()
+    if "perreq" in greedy and "perreq_forward_compiled" in greedy:  # tokens equal up to where bf16 sums differ
+        res["perreq_forward_compiled_greedy_common_prefix"] = [
+            next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            for a, b in zip(greedy["perreq"], greedy["perreq_forward_compiled"])]
     return res
 
 
