@@ -184,7 +184,7 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
         run["resumed_from_step"] = int(resume.name.split("-")[-1])
     with training_context(trainer, plan):
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    log.info("training ended at step %d", trainer.state.global_step)
+    log.debug("training ended at step %d", trainer.state.global_step)
     run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
     import torch
 
@@ -231,7 +231,7 @@ def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path, 
     start = time.monotonic()
     state = gathered_state(trainer, peft, dtype)
     if state is not None:
-        log.info("weights gathered from the shards in %.1f s", time.monotonic() - start)
+        log.debug("weights gathered from the shards in %.1f s", time.monotonic() - start)
     if not trainer.is_world_process_zero():
         return
     start = time.monotonic()
@@ -256,4 +256,4 @@ def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path, 
     else:
         trainer.model.save_pretrained(out / "model", state_dict=state)
         tok.save_pretrained(out / "model")
-    log.info("%s written in %.1f s", "adapter" if peft != "none" else "model", time.monotonic() - start)
+    log.debug("%s written in %.1f s", "adapter" if peft != "none" else "model", time.monotonic() - start)
