@@ -184,7 +184,6 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
         run["resumed_from_step"] = int(resume.name.split("-")[-1])
     with training_context(trainer, plan):
         result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    log.debug("training ended at step %d", trainer.state.global_step)
     run.update({k: v for k, v in result.metrics.items() if "runtime" in k or "per_second" in k})
     import torch
 
@@ -226,12 +225,15 @@ def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path, 
     """metrics.jsonl (loss per step, and the method's own figures: `logs`) and the weights:
     model/ for full training, or the standard PEFT adapter/ with nothing machine-specific in it.
     Under FSDP every process takes part in gathering the full weights; the first process alone
-    writes, as one process would. The log says how long each took (a 14B full fine-tune on two
-    H200s spent over four minutes after its last step, unexplained)."""
+    writes, as one process would. A sharded run says how long each took (a 14B full fine-tune on
+    two H200s spent over four minutes after its last step, unexplained)."""
+    sharded = trainer.is_fsdp_enabled
+    if sharded:
+        log.info("gathering the weights from the shards")
     start = time.monotonic()
     state = gathered_state(trainer, peft, dtype)
-    if state is not None:
-        log.debug("weights gathered from the shards in %.1f s", time.monotonic() - start)
+    if sharded:
+        log.info("gathered in %.1f s", time.monotonic() - start)
     if not trainer.is_world_process_zero():
         return
     start = time.monotonic()
@@ -256,4 +258,5 @@ def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path, 
     else:
         trainer.model.save_pretrained(out / "model", state_dict=state)
         tok.save_pretrained(out / "model")
-    log.debug("%s written in %.1f s", "adapter" if peft != "none" else "model", time.monotonic() - start)
+    if sharded:
+        log.info("%s written in %.1f s", "adapter" if peft != "none" else "model", time.monotonic() - start)
