@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
-from stages.inference.batching import Engine, Generated, Sampling
+from stages.inference.batching import Engine, Sampling
 
 
 @pytest.fixture(scope="module")
@@ -32,33 +33,32 @@ def sequential(model, tok, text: str, n: int) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
+@contextmanager
+def serving(served):
+    """The app over `served` on a free local port, run by uvicorn in a thread: its base URL."""
+    import uvicorn
+
+    from conftest import free_port
+    from stages.inference.app import build_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(served, "tiny-test"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
 def test_greedy_answers_equal_generate_one_at_a_time(engine, model_and_tok):
     model, tok = model_and_tok
     answers = engine.generate([tok(p)["input_ids"] for p in PROMPTS], Sampling(max_new_tokens=24))
     assert [a.ids for a in answers] == [sequential(model, tok, p, 24) for p in PROMPTS]
     assert [a.finish for a in answers] == ["stop" if a.ids[-1] == tok.eos_token_id else "length" for a in answers]
-
-
-def test_concurrent_streams_share_decode_steps(engine, model_and_tok):
-    """Four streams at once are decoded together: each one's first tokens come before any of
-    them ends (one after another, the last would start only when the third ended)."""
-    _, tok = model_and_tok
-    spans = {}
-
-    def stream(i, text):
-        first, pieces = None, []
-        for piece in engine.tokens(tok(text)["input_ids"], Sampling(max_new_tokens=64, stop=["never said"])):
-            first = first or time.monotonic()
-            pieces.append(piece)
-        spans[i] = (first, time.monotonic(), pieces[-1])
-
-    threads = [threading.Thread(target=stream, args=(i, p)) for i, p in enumerate(PROMPTS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert all(isinstance(s[2], Generated) and s[2].ids for s in spans.values())
-    assert max(s[0] for s in spans.values()) < min(s[1] for s in spans.values())
 
 
 def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, model_and_tok, monkeypatch):
@@ -98,7 +98,9 @@ def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, m
     assert isinstance(left, str) and len(cancelled) == 1 and not engine.waiting
 
 
-def test_stop_string_cancel_and_deadline_end_a_request(engine, model_and_tok):
+def test_a_stop_string_and_a_deadline_end_a_request(engine, model_and_tok):
+    import asyncio
+
     _, tok = model_and_tok
     ids = tok(PROMPTS[0])["input_ids"]
     whole = engine.generate([ids], Sampling(max_new_tokens=40))[0]
@@ -106,15 +108,15 @@ def test_stop_string_cancel_and_deadline_end_a_request(engine, model_and_tok):
     cut = engine.generate([ids], Sampling(max_new_tokens=40, stop=[stop]))[0]
     assert cut.finish == "stop" and cut.text == whole.text[:whole.text.find(stop)]
 
-    cancel = threading.Event()
-    stream = engine.tokens(ids, Sampling(max_new_tokens=400), cancel)
-    next(stream)
-    cancel.set()
-    last = list(stream)[-1]
-    assert isinstance(last, Generated) and last.finish == "length" and len(last.ids) < 400
+    async def answers(s: Sampling, texts: bool):
+        return [piece async for piece in engine.stream(ids, s, texts)]
 
-    late = list(engine.tokens(ids, Sampling(max_new_tokens=400, deadline=time.monotonic())))[-1]
-    assert late.finish == "length" and 0 < len(late.ids) < 400
+    streamed = asyncio.run(answers(Sampling(max_new_tokens=40, stop=[stop]), True))
+    assert streamed[-1].text == cut.text and all(isinstance(x, str) for x in streamed[:-1])
+    alone = asyncio.run(answers(Sampling(max_new_tokens=40), False))  # the answer only
+    assert len(alone) == 1 and alone[0].ids == whole.ids
+    late = asyncio.run(answers(Sampling(max_new_tokens=400, deadline=time.monotonic()), True))[-1]
+    assert late.finish == "length" and 0 < len(late.ids) < 400 and not engine.waiting
 
 
 def test_a_batch_with_stop_strings_lets_each_request_leave_at_its_first_stop(engine, model_and_tok):
@@ -168,49 +170,74 @@ def test_the_api_refuses_a_request_past_a_kv_budget_smaller_than_the_context(mod
 
 
 def test_more_requests_than_the_default_thread_pool_share_the_batch(model_and_tok):
-    """A non-streamed request holds a worker thread for its whole generation: anyio's default
-    pool of 40 threads would cap the batch at 40. 48 requests at once must all be generating."""
-    import httpx2
-    import uvicorn
+    """Non-streamed requests wait on the event loop, not a worker thread each (anyio's default
+    pool of 40 capped the batch at 40 when they did): 48 requests at once must all be generating."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    from conftest import free_port
-    from stages.inference.app import build_app
+    import httpx2
+
     from stages.inference.generation import ServedModel
 
     model, tok = model_and_tok
     served = ServedModel(model, tok, kv_tokens=48 * 512)
     complete, lock, now, most = served.complete, threading.Lock(), [0], [0]
 
-    def counted(*args, **kwargs):  # how many generations are running at once
+    async def counted(*args, **kwargs):  # how many generations are running at once
         with lock:
             now[0] += 1
             most[0] = max(most[0], now[0])
         try:
-            return complete(*args, **kwargs)
+            return await complete(*args, **kwargs)
         finally:
             with lock:
                 now[0] -= 1
     served.complete = counted
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(served, "tiny-test"), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        while not server.started:
-            time.sleep(0.05)
-        client = httpx2.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=300,
-                               limits=httpx2.Limits(max_connections=64))
-        ask = lambda i: client.post("/v1/chat/completions", json={  # noqa: E731
-            "model": "tiny-test", "messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 400,
-            "temperature": 0}).status_code
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(48) as pool:
-            assert set(pool.map(ask, range(48))) == {200}
+        with serving(served) as port:
+            client = httpx2.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=300,
+                                   limits=httpx2.Limits(max_connections=64))
+            ask = lambda i: client.post("/v1/chat/completions", json={  # noqa: E731
+                "model": "tiny-test", "messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 400,
+                "temperature": 0}).status_code
+            with ThreadPoolExecutor(48) as pool:
+                assert set(pool.map(ask, range(48))) == {200}
         assert most[0] > 40, most[0]
     finally:
-        server.should_exit = True
-        thread.join()
+        served.close()
+
+
+def test_a_client_that_goes_away_leaves_the_batch(model_and_tok, monkeypatch):
+    """A client that asks for a long answer, streamed or not, and closes its connection a quarter
+    of a second later: its request is cancelled in the batch and forgotten, while the server
+    goes on answering."""
+    import json
+    import socket
+
+    import httpx2
+
+    from stages.inference.generation import ServedModel
+
+    model, tok = model_and_tok
+    served = ServedModel(model, tok, kv_tokens=4 * 512)
+    cancelled, cancel = [], served.engine.manager.cancel_request
+    monkeypatch.setattr(served.engine.manager, "cancel_request", lambda rid: (cancelled.append(rid), cancel(rid)))
+    try:
+        with serving(served) as port:
+            for stream in (False, True):
+                body = json.dumps({"model": "tiny-test", "messages": [{"role": "user", "content": "Count."}],
+                                   "temperature": 0, "stream": stream}).encode()
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    time.sleep(0.25)
+                deadline = time.monotonic() + 10
+                while (len(cancelled) < 1 + stream or served.engine.waiting) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert len(cancelled) == 1 + stream and not served.engine.waiting, (stream, cancelled)
+            answer = httpx2.post(f"http://127.0.0.1:{port}/v1/chat/completions", trust_env=False, json={
+                "model": "tiny-test", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4})
+            assert answer.status_code == 200
+    finally:
         served.close()
 
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing
 from typing import Literal, Optional, Union
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -47,7 +45,6 @@ CHARS_PER_TOKEN = 16
 JSON_BYTES_PER_CHAR = 6  # the most a character takes in a JSON string: \uXXXX, json.dumps' default for non-ASCII
 BODY_SLACK_BYTES = 1 << 20  # the rest of a request: message wrappers, fields this server ignores (tools)
 MAX_IN_FLIGHT = 256  # answers the batch holds or queues at once: a longer queue only waits past clients' timeouts
-SPARE_THREADS = 16  # worker threads beyond one per request in flight: prompts being tokenized, /v1/models
 MAX_MESSAGES = 2048  # more turns than a conversation has; each is validated and templated before the token check
 MAX_CONTENT_PARTS = 64  # text parts of one message: clients send one or a few
 MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
@@ -180,14 +177,7 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
               time_limit: float = TIME_LIMIT_S) -> FastAPI:
     """The app serving `model` as `model_id`; extra_card adds fields to its /v1/models entry;
     a generation stops `time_limit` seconds after its request came. app.state.limits says the bounds."""
-    @asynccontextmanager
-    async def lifespan(_):
-        # A non-streamed request holds a worker thread for its whole generation (a streamed one
-        # waits on the event loop): anyio's default pool of 40 would cap the batch at 40.
-        anyio.to_thread.current_default_thread_limiter().total_tokens = MAX_IN_FLIGHT + SPARE_THREADS
-        yield
-
-    app = FastAPI(title=f"mindxtrain: {model_id}", lifespan=lifespan)
+    app = FastAPI(title=f"mindxtrain: {model_id}")
     max_chars = model.context_length * CHARS_PER_TOKEN
     body_bytes = max_chars * JSON_BYTES_PER_CHAR + BODY_SLACK_BYTES
     app.add_middleware(Bounded, body_bytes=body_bytes, in_flight=MAX_IN_FLIGHT)
@@ -253,7 +243,9 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return EventSourceResponse(chunks(model, ids, settings, reply, include_usage))
-        answer = await unless_gone(request, lambda cancel: model.complete(ids, settings, cancel))
+        answer = await unless_gone(request, model.complete(ids, settings))
+        if answer is None:
+            return error(499, "the client closed the request", code="client_closed_request")
         return {**reply, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
                              "finish_reason": answer.finish, "logprobs": None}],
@@ -262,16 +254,18 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
     return app
 
 
-async def unless_gone(request: Request, work):
-    """work(cancel) in the thread pool; a client that goes away meanwhile sets `cancel`, which ends
-    its generation at the next token (or before it starts, if it is still queued for the model)."""
-    cancel = threading.Event()
-    task = asyncio.ensure_future(run_in_threadpool(work, cancel))
-    while not task.done():
-        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if not task.done() and await request.is_disconnected():
-            cancel.set()
-    return task.result()
+async def unless_gone(request: Request, work) -> Generated | None:
+    """Awaits `work`, a generation; a client that goes away meanwhile cancels it, which ends the
+    generation at the next step (or takes it out of the queue for the model): None then."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                return None
+        return task.result()
+    finally:
+        task.cancel()  # a no-op once it is done
 
 
 def decoding(req: ChatRequest, prompt_tokens: int, context: int, time_limit: float) -> Settings:

@@ -8,7 +8,7 @@ top_p and top_k, and a greedy one (temperature 0) is sampled with top_k 1, which
 What a request cannot have of its own is a random generator: sampled requests share the batch's,
 so a seed makes no sampled answer repeatable (greedy ones are, and equal the sequential path's).
 
-Stop strings, deadlines and cancellation are the caller's side of the batch: `tokens` (and
+Stop strings, deadlines and cancellation are the caller's side of the batch: `stream` (and
 `generate`, for stop strings) watches the text as it grows and cancels the request in the manager,
 which frees its KV pages at the next step.
 """
@@ -24,7 +24,7 @@ PAGE_TOKENS = 256  # tokens a KV page holds (transformers' default page size)
 CUDA_KV_SHARE = 0.6  # of the GPU memory free after loading: the rest is the batch's activations and logits
 CPU_KV_SHARE = 0.1  # of the RAM available: the CPU is a fallback, its batches are small
 MAX_BATCH_TOKENS = {"cuda": 2048, "cpu": 256}  # tokens one step computes: prefill chunks, or decodes of many requests
-POLL_S = 0.1  # how often a waiting caller checks its cancel event, its deadline and the batch's thread
+POLL_S = 0.1  # how often a waiting caller checks its deadline and that the batch's thread still runs
 KV_CONTEXTS = 64  # the cache never holds more than this many whole contexts: beyond, memory buys nothing
 # Without flash attention (not on the lent GPUs) a decode step runs SDPA over the batch's KV read out of
 # the pages, padded up to a multiple of this many tokens so that a CUDA graph replays it. transformers'
@@ -88,8 +88,8 @@ def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
 
 
 class Engine:
-    """A running continuous batch over `model` (eval mode, loaded on its device). `tokens` streams
-    one request; `generate` runs many and returns when all are done. `options` are further fields
+    """A running continuous batch over `model` (eval mode, loaded on its device). `stream` runs
+    one request for an asyncio caller; `generate` runs many and returns when all are done. `options` are further fields
     of transformers' ContinuousBatchingConfig (bench/generation_speed.py tries them). Its compile
     levels above 0 fail with per-request settings (torch 2.11, transformers 5.23: inductor cannot
     generate the top-p sampler's cumsum), so a serving engine's step runs as a CUDA graph of eager
@@ -182,39 +182,17 @@ class Engine:
         with self.lock:
             self.waiting.pop(rid, None)
 
-    def tokens(self, ids: list[int], s: Sampling, cancel: threading.Event | None = None, texts: bool = True):
-        """Yields the text of the answer so far each time it grows (held back where it could be the
-        start of a stop string), then the Generated answer. Ends early, and frees the request's
-        pages, when `cancel` is set or the deadline passes. With `texts` off (a caller that wants
-        the answer only) and no stop string, the caller's thread wakes only for the answer (or to
-        check its cancel event and deadline): a thread woken at every token for every request held
-        the GIL the batch's own thread needs."""
-        woken = threading.Event()
-        reading = Reading(self, s, texts, woken.set)
-        rid = self._submit(ids, s, streaming=True, into=reading)[0]
-        try:
-            while True:
-                if (cancel is not None and cancel.is_set()) or reading.late():
-                    yield reading.cut()
-                    return
-                woken.wait(POLL_S)
-                woken.clear()
-                piece = reading.next()
-                if piece is not None:
-                    yield piece
-                    if isinstance(piece, Generated):
-                        return
-        finally:
-            self._finish(rid, cancel=not reading.done)
-
-    async def stream(self, ids: list[int], s: Sampling):
-        """`tokens` for an asyncio caller (the HTTP server): the request's outputs wake the event
-        loop, not a thread of its own, and a wake-up reads the newest tokens, however many steps
-        came since. Closing the generator (its client went away) frees the request's pages."""
+    async def stream(self, ids: list[int], s: Sampling, texts: bool = True):
+        """Yields the text of the answer so far each time it grows, then the Generated answer;
+        with `texts` off (a caller that wants the answer only), the answer alone. The request's
+        outputs wake the event loop, not a thread of its own (a thread per request, woken at every
+        token, held the GIL the batch's own thread needs), and a wake-up reads the newest tokens,
+        however many steps came since. Past the deadline the answer so far ends it; closing the
+        generator (its client went away) frees the request's pages at the next step."""
         import asyncio
 
         loop, woken = asyncio.get_running_loop(), asyncio.Event()
-        reading = Reading(self, s, True, lambda: loop.call_soon_threadsafe(woken.set))
+        reading = Reading(self, s, texts, lambda: loop.call_soon_threadsafe(woken.set))
         rid = self._submit(ids, s, streaming=True, into=reading)[0]
         try:
             while True:

@@ -2,15 +2,15 @@
 prompts (the model's own chat template through stages/data/render.py, the tokenizer's default
 special tokens), and decoded by the generation engine (stages/inference/batching.py):
 concurrent requests share its continuous batch, joining and leaving between decode steps. A
-generation ends early when its cancel event is set (its client went away: its KV pages are
+generation ends early when its caller stops waiting (its client went away: its KV pages are
 freed at the next step) or when its time limit passes (it then ends as one out of tokens does,
 finish_reason "length"). The KV budget bounds prompt plus completion of one request."""
 from __future__ import annotations
 
 import math
 import os
-import threading
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from stages.data.render import render
@@ -59,9 +59,10 @@ class ServedModel:
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.tok(render(self.tok, messages, generation_prompt=True))["input_ids"]
 
-    def complete(self, ids: list[int], s: Settings, cancel: threading.Event | None = None) -> Generated:
-        for piece in self.engine.tokens(ids, s.sampling(), cancel, texts=False):
-            if isinstance(piece, Generated):
+    async def complete(self, ids: list[int], s: Settings) -> Generated:
+        """The answer, whole; cancelling the call (its client went away) ends the generation."""
+        async with aclosing(self.engine.stream(ids, s.sampling(), texts=False)) as pieces:
+            async for piece in pieces:
                 return piece
         raise AssertionError("the engine ends every request with its answer")
 
