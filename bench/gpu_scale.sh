@@ -9,6 +9,10 @@
 #   gpu/shared/tokenizers/qwen3  Qwen3's tokenizer
 # A training process that outlives HANG seconds (default 240) gets SIGABRT, and with
 # PYTHONFAULTHANDLER its threads' tracebacks land in the stage log: a hang shows where it hangs.
+# Past TRACE seconds (default 150) each of our training processes gets SIGUSR1 every minute: its
+# threads' stacks in the stage log, and it goes on (stages/train/distributed.py registers the
+# signal; torchrun and the peer's processes, which do not, are not sent it), so a run cut by the
+# call's limit still says where its time went.
 # A 14B full fine-tune's process lives longer than that without hanging (loading, 10 steps, the
 # save of its weights: more than 4 minutes on 4 x H200): give it HANG=500 or more.
 #
@@ -20,8 +24,11 @@ wheels=$(ls .whl | md5sum | cut -c1-12)  # installed once per machine and set of
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 [ -f /tmp/rows.jsonl ] || gunzip -c gpu/scale_rows.jsonl.gz > /tmp/rows.jsonl
 if [ -d /tmp/scale/project ]; then rm -rf /tmp/scale/project/stages; cp -r stages /tmp/scale/project/; fi
-( while sleep 15; do for p in $(pgrep -f "stages.train.distributed|peer-child"); do
-    [ "$(ps -o etimes= -p "$p" | tr -d ' ')" -gt "${HANG:-240}" ] && kill -ABRT "$p"; done; done ) &
+( n=0; while sleep 15; do n=$((n + 1)); for p in $(pgrep -f "stages.train.distributed|peer-child"); do
+    age=$(ps -o etimes= -p "$p" | tr -d ' ')
+    if [ "$age" -gt "${HANG:-240}" ]; then kill -ABRT "$p"
+    elif [ "$age" -gt "${TRACE:-150}" ] && [ $((n % 4)) -eq 0 ] && grep -q stages.train.distributed /proc/$p/cmdline \
+         && ! grep -q torch.distributed.run /proc/$p/cmdline; then kill -USR1 "$p"; fi; done; done ) &
 timeout "${LIMIT:-540}" python3 -m bench.scale "$@" --work /tmp/scale --rows /tmp/rows.jsonl \
   --tokenizer gpu/shared/tokenizers/qwen3 --out /tmp/scale/scale.json 2>&1 | grep -v -i warn | tail -30
 cp /tmp/scale/scale.json "${OUT:-/tmp}/"; tail -c 200000 /tmp/scale/builds.log > "${OUT:-/tmp}/builds.log"

@@ -110,6 +110,41 @@ def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, t
     assert pointer(project) == pointer(built)  # resumed == uninterrupted, byte for byte
 
 
+def test_sigusr1_prints_each_training_process_stacks_and_training_goes_on(trained, tmp_path):
+    """`kill -USR1` of a training process mid-run (what to do when one seems stuck): every
+    thread's stack goes to the stage log, and the build ends with the bytes of one never
+    signalled."""
+    import psutil
+
+    built, _ = trained
+    project = tmp_path / "proj"
+    shutil.copytree(built, project, symlinks=True)
+    shutil.rmtree(artifact(project, "checkpoint", "tiny_gpus2"))
+    (project / "artifacts" / "tiny_gpus2" / "checkpoint.json").unlink()
+    work = project / "artifacts" / "work" / "checkpoint"
+    with open(tmp_path / "out.txt", "w") as out:
+        build = subprocess.Popen([sys.executable, "-m", "doit", "checkpoint:tiny_gpus2"], cwd=project, stdout=out,
+                                 stderr=subprocess.STDOUT, env={**os.environ, **NO_NETWORK})
+        deadline = time.time() + 300
+        while not list(work.glob("*/checkpoint-3/mindxtrain-complete")) and build.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        signalled = 0
+        for child in psutil.Process(build.pid).children(recursive=True):
+            try:
+                if "stages.train.distributed" in child.cmdline() and "torch.distributed.run" not in child.cmdline():
+                    child.send_signal(signal.SIGUSR1)
+                    signalled += 1
+            except psutil.NoSuchProcess:
+                pass
+        assert build.wait(300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
+    assert signalled == 2
+    key = json.loads((project / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["key"]
+    log = (project / "artifacts" / "store" / "checkpoint" / f"{key}.log").read_text()
+    assert log.count("most recent call first") >= 2 and "stages/train/" in log, log[-3000:]
+    pointer = lambda p: json.loads((p / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["digest"]  # noqa: E731
+    assert pointer(project) == pointer(built)
+
+
 def test_a_global_batch_that_does_not_split_over_the_processes_stops_the_plan(trained):
     project, _ = trained
     (project / "recipes" / "tiny_gpus3.yaml").write_text(recipe(3))

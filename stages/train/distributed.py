@@ -9,9 +9,11 @@ NODE_RANK, MASTER_ADDR and MASTER_PORT in the environment of `doit checkpoint:<r
 every node (README "Multi-GPU and multi-node")."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +91,9 @@ def main(spec_path: str) -> None:
     from stages.train import trainer
     from stages.train.methods import METHODS
 
+    # `kill -USR1 <pid>` of a training process: every thread's stack into the stage log, and it goes
+    # on; what a process that seems stuck is doing (a 14B full fine-tune saved for minutes, unexplained)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", 0))  # absent: launch()'s single process, without torchrun
     if torch.cuda.is_available() and spec["plan"]["device"] == "cuda" and "LOCAL_RANK" in os.environ:
