@@ -11,7 +11,10 @@ hash-equal outputs across machines").
   python -m bench.hash_equal second RECIPE --from DIR --out FILE
       on the second machine, in the project: `doit manifest:RECIPE` with MINDXTRAIN_REMOTE=DIR/remote,
       so the plan is fetched (not probed again) and everything else is built here; FILE holds per
-      stage both keys and digests and, where the digests differ, the files whose digests differ
+      stage both keys and digests and, where the digests differ, the files whose digests differ.
+      A build longer than one call (bench/gpu_pipeline.sh with MINDXTRAIN_REMOTE set, resumed on the
+      warm machine) can come first: `second` then finds it built, and still tells whether the plan
+      was fetched (its stage log is the first machine's)
 
 The plan's key holds the device facts (GPU name, capability, CUDA and library versions), so it is
 fetched only where the second machine is of the same kind; otherwise the second plans afresh and
@@ -79,6 +82,18 @@ def carried_entry(came: Path, stage: str, key: str) -> dict | None:
         raise SystemExit(str(e)) from None
 
 
+def fetched(store, carried: dict | None, now: dict | None) -> bool:
+    """Whether this machine's plan is the first machine's, fetched rather than probed again: the
+    same key and its stage log byte for byte the first machine's (a fetch installs that log; a
+    probe here writes its own). It holds however many calls the build here took."""
+    from stages.engine.store import hash_file
+
+    if not carried or not now or not carried["log"] or carried["key"] != now["key"]:
+        return False
+    log = store.path(TRAVELS, now["key"]).with_suffix(".log")
+    return log.is_file() and hash_file(log) == carried["log"]["digest"]
+
+
 def first(recipe: str, out: Path) -> None:
     doit(f"manifest:{recipe}")
     remote = out / "remote"
@@ -106,7 +121,7 @@ def second(recipe: str, came: Path, out: Path) -> dict:
 
     before = json.loads((came / "first.json").read_text())
     entries = {stage: carried_entry(came, stage, was["key"]) for stage, was in before["stages"].items()}
-    log = doit(f"manifest:{recipe}", env={"MINDXTRAIN_REMOTE": str((came / "remote").resolve())})
+    doit(f"manifest:{recipe}", env={"MINDXTRAIN_REMOTE": str((came / "remote").resolve())})
     here, store = built(recipe, before["stages"]), Store(Path("artifacts"))
     stages = {}
     for stage, was in before["stages"].items():
@@ -119,7 +134,7 @@ def second(recipe: str, came: Path, out: Path) -> dict:
             row["files_differing"] = sorted(f for f in set(theirs) | set(ours) if theirs.get(f) != ours.get(f))
         stages[stage] = row
     result = {"recipe": recipe, "first_machine": before["machine"], "second_machine": machine(),
-              "plan_fetched": f"{TRAVELS}:{recipe}: fetched" in log, "stages": stages,
+              "plan_fetched": fetched(store, entries.get(TRAVELS), here.get(TRAVELS)), "stages": stages,
               "all_equal": all(r["same_digest"] for r in stages.values())}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -218,8 +218,10 @@ def test_hash_equal_brings_the_plan_over_and_compares_every_stage(warm, fresh, t
     entry_path.write_text(json.dumps(entry))
     (carried / "first.json").write_text(json.dumps(first))
     bench("hash_equal", "second", "tiny", "--from", carried, "--out", tmp_path / "differs.json", cwd=fresh)
-    row = fields(tmp_path / "differs.json")["stages"]["checkpoint"]
+    differs = fields(tmp_path / "differs.json")
+    row = differs["stages"]["checkpoint"]
     assert not row["same_digest"] and row["same_key"] and row["files_differing"] == ["metrics.jsonl"]
+    assert differs["plan_fetched"]  # found built already (as after a build over several calls): still told
 
     entry["sidecar"]["files"]["../../outside"] = "0" * 64  # a carried entry is checked as a remote's
     entry_path.write_text(json.dumps(entry))
