@@ -98,6 +98,66 @@ def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, m
     assert isinstance(left, str) and len(cancelled) == 1 and not engine.waiting
 
 
+def test_a_request_cancelled_as_an_output_wakes_it_leaves_the_batch(engine, model_and_tok, monkeypatch):
+    """A non-streamed request with stop strings to watch (woken at every step), cancelled 0 to 7
+    turns of the event loop after an output woke it: each time the task ends cancelled and the
+    request is cancelled in the batch (Python 3.11's asyncio.wait_for swallowed a cancellation that
+    came as its wait ended, which at 0 turns left the request decoding for a client gone)."""
+    import asyncio
+
+    _, tok = model_and_tok
+    ids = tok(PROMPTS[0])["input_ids"]
+    cancelled, cancel = [], engine.manager.cancel_request
+    monkeypatch.setattr(engine.manager, "cancel_request", lambda rid: (cancelled.append(rid), cancel(rid)))
+
+    async def trial(turns: int):
+        async def answer():
+            async for piece in engine.stream(ids, Sampling(max_new_tokens=3000, stop=["never said"]), texts=False):
+                return piece
+        task = asyncio.ensure_future(answer())
+        while not engine.waiting:
+            await asyncio.sleep(0.001)
+        (rid, reading), = engine.waiting.items()
+        seen, put = [], reading.put
+        reading.put = lambda out: (seen.append(out), put(out))  # what the router hands over, seen
+        while not seen:
+            await asyncio.sleep(0.001)
+        loop = asyncio.get_running_loop()
+
+        def cancel_after(n: int):
+            if n:
+                loop.call_soon(cancel_after, n - 1)
+            else:
+                task.cancel()
+        reading.put(seen[-1])  # an output wakes it, as from the router
+        loop.call_soon(cancel_after, turns)
+        await asyncio.sleep(0.3)
+        ended = task.cancelled()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return ended, rid in cancelled and rid not in engine.waiting
+
+    assert [asyncio.run(trial(turns)) for turns in range(8)] == [(True, True)] * 8
+
+
+def test_a_caller_whose_hand_off_fails_leaves_the_router_serving_the_others(engine, model_and_tok):
+    """A request whose waiting caller cannot take its output (its event loop closed as the output
+    came) costs that request alone: the router thread goes on and the next requests end."""
+    _, tok = model_and_tok
+    ids = tok(PROMPTS[1])["input_ids"]
+
+    class Gone:
+        def put(self, out):
+            raise RuntimeError("Event loop is closed")
+
+    rid = engine._submit(ids, Sampling(max_new_tokens=8), streaming=True, into=Gone())[0]
+    time.sleep(1)  # its outputs come and fail to be handed over
+    engine._finish(rid, cancel=True)
+    assert engine.router.is_alive()
+    assert engine.generate([ids], Sampling(max_new_tokens=8))[0].ids
+
+
 def test_a_stop_string_and_a_deadline_end_a_request(engine, model_and_tok):
     import asyncio
 
@@ -275,3 +335,25 @@ def test_the_text_as_it_grows_is_the_whole_decode(which, model_and_tok):
             assert grown == whole
     assert grow(ids) == tok.decode(ids, skip_special_tokens=True)
     assert which == "char" or withheld  # some character did span tokens
+
+
+def test_the_growing_text_falls_back_to_whole_decodes_where_a_byte_fallback_decoder_refuses():
+    """A Llama-style tokenizer (byte-fallback tokens, its decoder turns invalid bytes into U+FFFD
+    after the fact): tokenizers' DecodeStream raises on ids a sampled answer can hold; the text
+    then comes from decoding all the ids, as before, instead of the error ending the answer."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from stages.inference.batching import Detokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for word in ["\u2581", "\u2581a", "a", "\u2581hello"]:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>")
+    ids = [vocab["<0x20>"], vocab["<0x96>"], vocab["<0xC2>"], vocab["\u2581"], vocab["<0xE4>"], vocab["\u2581hello"]]
+    grow = Detokenizer(tok)
+    texts = [grow(ids[:k]) for k in range(1, len(ids) + 1)]
+    assert grow.backend is None  # DecodeStream refused on the way, so the whole decode took over
+    assert texts[-1] == tok.decode(ids, skip_special_tokens=True)

@@ -14,6 +14,7 @@ which frees its KV pages at the next step.
 """
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
@@ -137,14 +138,27 @@ class Engine:
         self.router.join()
 
     def _route(self) -> None:
-        """Hands each output the manager produces to the caller waiting for its request."""
+        """Hands each output the manager produces to the caller waiting for its request. A hand-off
+        that fails (a caller whose event loop has closed) is that caller's loss alone: the router
+        goes on for the others. Once the batch's thread has died it idles (the manager then answers
+        at once, and the callers see the death themselves)."""
         while self.running:
             out = self.manager.get_result(timeout=POLL_S)
-            if out is not None:
-                with self.lock:
-                    waiting = self.waiting.get(out.request_id)
-                if waiting is not None:
+            if out is None:
+                if not self.manager.is_running():
+                    time.sleep(POLL_S)
+                continue
+            with self.lock:
+                waiting = self.waiting.get(out.request_id)
+            if waiting is not None:
+                try:
                     waiting.put(out)
+                except Exception:  # noqa: BLE001 - one caller's failure must not stop every other's outputs
+                    logging.getLogger(__name__).exception("handing %s its output failed", out.request_id)
+
+    def alive(self) -> bool:
+        """Whether requests can still end: the batch's thread and the router both run."""
+        return self.manager.is_running() and self.router.is_alive()
 
     def _submit(self, ids: list[int], s: Sampling, streaming: bool, into=None) -> tuple[str, queue.Queue]:
         """Queue a request; its outputs go to a queue of its own, or to `into` (anything with a
@@ -172,7 +186,7 @@ class Engine:
         try:
             return waiting.get(timeout=POLL_S)
         except queue.Empty:
-            if not self.manager.is_running():
+            if not self.alive():
                 raise RuntimeError("the generation engine has stopped (its log says why)") from None
             return None
 
@@ -199,10 +213,13 @@ class Engine:
                 if reading.late():
                     yield reading.cut()
                     return
+                # a timer, not asyncio.wait_for: Python 3.11's wait_for swallows a cancellation that
+                # comes as the wait ends, which left a request decoding for a client gone
+                timer = loop.call_later(POLL_S, woken.set)
                 try:
-                    await asyncio.wait_for(woken.wait(), POLL_S)
-                except TimeoutError:
-                    pass
+                    await woken.wait()
+                finally:
+                    timer.cancel()
                 woken.clear()
                 piece = reading.next()
                 if piece is not None:
@@ -286,7 +303,7 @@ class Reading:
         with self.lock:
             out, self.out, self.woken = self.out, None, False
         if out is None:
-            if not self.engine.manager.is_running():
+            if not self.engine.alive():
                 raise RuntimeError("the generation engine has stopped (its log says why)")
             return None
         if out.error:
@@ -329,11 +346,16 @@ class Detokenizer:
     def __call__(self, ids: list[int]) -> str:
         """The text of `ids`, which extend the ids of the previous call; a character whose bytes
         are not all there yet waits (the whole decode shows it as U+FFFD meanwhile)."""
-        if self.backend is None:
-            return self.tok.decode(ids, skip_special_tokens=True)
-        for token in ids[self.fed:]:
-            piece = self.stream.step(self.backend, token)
-            if piece:
-                self.text += piece
-        self.fed = len(ids)
-        return self.text
+        if self.backend is not None:
+            try:
+                for token in ids[self.fed:]:
+                    piece = self.stream.step(self.backend, token)
+                    if piece:
+                        self.text += piece
+                    self.fed += 1
+                return self.text
+            except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception ("Invalid prefix encountered")
+                # a byte-fallback decoder turned earlier bytes into U+FFFD after the fact: what was
+                # decoded is no longer a prefix, so this request decodes whole from here on
+                self.backend = None
+        return self.tok.decode(ids, skip_special_tokens=True)

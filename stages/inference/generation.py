@@ -71,13 +71,14 @@ class ServedModel:
         A piece that could be the start of a stop string is held back until it is known not to be.
         Closing it (its client went away) ends the generation."""
         sent, hold = 0, max((len(x) for x in s.stop), default=1) - 1
-        async for piece in self.engine.stream(ids, s.sampling()):
-            if isinstance(piece, Generated):
-                if len(piece.text) > sent:
-                    yield piece.text[sent:]
-                yield piece
-                return
-            safe = len(piece.rstrip("\ufffd")) - hold  # a character whose bytes are not all decoded yet waits
-            if safe > sent:
-                yield piece[sent:safe]
-                sent = safe
+        async with aclosing(self.engine.stream(ids, s.sampling())) as pieces:
+            async for piece in pieces:
+                if isinstance(piece, Generated):
+                    if len(piece.text) > sent:
+                        yield piece.text[sent:]
+                    yield piece
+                    return
+                safe = len(piece.rstrip("\ufffd")) - hold  # a character whose bytes are not all decoded yet waits
+                if safe > sent:
+                    yield piece[sent:safe]
+                    sent = safe
