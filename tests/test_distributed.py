@@ -85,13 +85,17 @@ def test_two_processes_match_one_on_the_same_global_batch(trained, base):
     assert len(texts) == 2 and texts[0] == texts[1]
 
 
-def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, tmp_path):
-    built, _ = trained
-    project = tmp_path / "proj"
+def unbuilt_checkpoint(built, project):
+    """A copy of the built project without tiny_gpus2's checkpoint, and the checkpoint stage's work dir."""
     shutil.copytree(built, project, symlinks=True)
     shutil.rmtree(artifact(project, "checkpoint", "tiny_gpus2"))
     (project / "artifacts" / "tiny_gpus2" / "checkpoint.json").unlink()
-    work = project / "artifacts" / "work" / "checkpoint"
+    return project, project / "artifacts" / "work" / "checkpoint"
+
+
+def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, tmp_path):
+    built, _ = trained
+    project, work = unbuilt_checkpoint(built, tmp_path / "proj")
     build = subprocess.Popen([sys.executable, "-m", "doit", "checkpoint:tiny_gpus2"], cwd=project, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **NO_NETWORK})
     deadline = time.time() + 300
@@ -117,11 +121,7 @@ def test_sigusr1_prints_each_training_process_stacks_and_training_goes_on(traine
     import psutil
 
     built, _ = trained
-    project = tmp_path / "proj"
-    shutil.copytree(built, project, symlinks=True)
-    shutil.rmtree(artifact(project, "checkpoint", "tiny_gpus2"))
-    (project / "artifacts" / "tiny_gpus2" / "checkpoint.json").unlink()
-    work = project / "artifacts" / "work" / "checkpoint"
+    project, work = unbuilt_checkpoint(built, tmp_path / "proj")
     with open(tmp_path / "out.txt", "w") as out:
         build = subprocess.Popen([sys.executable, "-m", "doit", "checkpoint:tiny_gpus2"], cwd=project, stdout=out,
                                  stderr=subprocess.STDOUT, env={**os.environ, **NO_NETWORK})
