@@ -98,15 +98,17 @@ def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, m
     assert isinstance(left, str) and len(cancelled) == 1 and not engine.waiting
 
 
-def test_a_request_cancelled_as_an_output_wakes_it_leaves_the_batch(engine, model_and_tok, monkeypatch):
+def test_a_request_cancelled_as_an_output_wakes_it_leaves_the_batch(model_and_tok, monkeypatch):
     """A non-streamed request with stop strings to watch (woken at every step), cancelled 0 to 7
     turns of the event loop after an output woke it: each time the task ends cancelled and the
     request is cancelled in the batch (Python 3.11's asyncio.wait_for swallowed a cancellation that
-    came as its wait ended, which at 0 turns left the request decoding for a client gone)."""
+    came as its wait ended, which at 0 turns left the request decoding for a client gone). The
+    engine's end token is one the answer never holds, so no answer ends before its cancel."""
     import asyncio
 
-    _, tok = model_and_tok
+    model, tok = model_and_tok
     ids = tok(PROMPTS[0])["input_ids"]
+    engine = Engine(model, tok, {tok.pad_token_id}, kv_tokens=4096)
     cancelled, cancel = [], engine.manager.cancel_request
     monkeypatch.setattr(engine.manager, "cancel_request", lambda rid: (cancelled.append(rid), cancel(rid)))
 
@@ -138,7 +140,10 @@ def test_a_request_cancelled_as_an_output_wakes_it_leaves_the_batch(engine, mode
         await asyncio.gather(task, return_exceptions=True)
         return ended, rid in cancelled and rid not in engine.waiting
 
-    assert [asyncio.run(trial(turns)) for turns in range(8)] == [(True, True)] * 8
+    try:
+        assert [asyncio.run(trial(turns)) for turns in range(8)] == [(True, True)] * 8
+    finally:
+        engine.close()
 
 
 def test_a_caller_whose_hand_off_fails_leaves_the_router_serving_the_others(engine, model_and_tok):
@@ -267,21 +272,31 @@ def test_more_requests_than_the_default_thread_pool_share_the_batch(model_and_to
 
 
 def test_a_client_that_goes_away_leaves_the_batch(model_and_tok, monkeypatch):
-    """A client that asks for a long answer, streamed or not, and closes its connection a quarter
-    of a second later: its request is cancelled in the batch and forgotten, while the server
-    goes on answering."""
+    """A client that asks for a long answer, streamed or not, and closes its connection once its
+    request is in the batch: the request is cancelled there and forgotten, and the server goes on
+    answering. (The answer must outlast noticing the client left, however loaded the machine: the
+    model's own end token is swapped for one its greedy answer never holds, so it runs to the end
+    of the context.)"""
+    import asyncio
+    import copy
     import json
     import socket
 
     import httpx2
 
-    from stages.inference.generation import ServedModel
+    from stages.inference.generation import ServedModel, Settings
 
     model, tok = model_and_tok
-    served = ServedModel(model, tok, kv_tokens=4 * 512)
+    never = copy.deepcopy(tok)
+    never.eos_token = never.pad_token
+    monkeypatch.setattr(model.generation_config, "eos_token_id", never.eos_token_id)
+    served = ServedModel(model, never, kv_tokens=4 * 512)
     cancelled, cancel = [], served.engine.manager.cancel_request
     monkeypatch.setattr(served.engine.manager, "cancel_request", lambda rid: (cancelled.append(rid), cancel(rid)))
     try:
+        ids = served.prompt_ids([{"role": "user", "content": "Count."}])
+        whole = asyncio.run(served.complete(ids, Settings(max_new_tokens=served.context_length - len(ids), temperature=0)))
+        assert whole.finish == "length"  # it would run to the end of the context
         with serving(served) as port:
             for stream in (False, True):
                 body = json.dumps({"model": "tiny-test", "messages": [{"role": "user", "content": "Count."}],
@@ -289,8 +304,11 @@ def test_a_client_that_goes_away_leaves_the_batch(model_and_tok, monkeypatch):
                 with socket.create_connection(("127.0.0.1", port)) as sock:
                     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                    time.sleep(0.25)
-                deadline = time.monotonic() + 10
+                    deadline = time.monotonic() + 30
+                    while not served.engine.waiting and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert served.engine.waiting, "the request never reached the batch"
+                deadline = time.monotonic() + 30
                 while (len(cancelled) < 1 + stream or served.engine.waiting) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 assert len(cancelled) == 1 + stream and not served.engine.waiting, (stream, cancelled)
