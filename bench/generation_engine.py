@@ -27,7 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.generation_speed import QWEN3_8B, SHARED, make_model, real_questions, served_prompt
+from bench.generation_speed import QWEN3_8B, SHARED, common_prefix, make_model, real_questions, served_prompt
 
 
 def rate(eng, prompts, new: int, temp: float) -> float:
@@ -114,8 +114,7 @@ def variants(model, tok, prompts, eos, out: Path) -> dict:
         torch.cuda.empty_cache()
     if "perreq" in greedy and "perreq_forward_compiled" in greedy:  # tokens equal up to where bf16 sums differ
         res["perreq_forward_compiled_greedy_common_prefix"] = [
-            next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            for a, b in zip(greedy["perreq"], greedy["perreq_forward_compiled"])]
+            common_prefix(a, b) for a, b in zip(greedy["perreq"], greedy["perreq_forward_compiled"])]
     return res
 
 

@@ -110,6 +110,11 @@ def sequential(model, prompts: list[list[int]], new_tokens: int, forced: bool = 
     return tokens / (time.perf_counter() - start), outs
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two answers share from their start."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def served_prompt(tok, question: str) -> list[int]:
     """The prompt the served app makes of one user question (stages/data/render.py's rendering)."""
     from stages.data.render import render
@@ -302,10 +307,7 @@ def serve_measures(args, result, save, clients, served, served_model, model, que
     same_prompts = prompts[:2 if args.tiny else 4]
     answers = served_model.engine.generate(same_prompts, Sampling(max_new_tokens=new_tokens))
     _, seq_out = sequential(model, same_prompts, new_tokens, forced=False)
-    prefix = []
-    for a, b in zip(answers, seq_out):
-        same = next((i for i, (x, y) in enumerate(zip(a.ids, b)) if x != y), min(len(a.ids), len(b)))
-        prefix.append(same)
+    prefix = [common_prefix(a.ids, b) for a, b in zip(answers, seq_out)]
     result["greedy_equal"] = {"prompts": len(prefix), "identical": sum(p == new_tokens for p in prefix),
                               "common_prefix_tokens": prefix, "new_tokens": new_tokens}
     save()
