@@ -14,7 +14,7 @@
 # signal; torchrun and the peer's processes, which do not, are not sent it), so a run cut by the
 # call's limit still says where its time went.
 # A 14B full fine-tune's process lives longer than that without hanging (loading, 10 steps, the
-# save of its weights: more than 4 minutes on 4 x H200): give it HANG=500 or more.
+# save of its weights: about 2 minutes on 4 x H200): give it HANG=400 or more.
 #
 #   LIMIT=540 bash bench/gpu_scale.sh --workloads 8b_lora --gpus 1,2,4 --sides ours,fsdp2@4,peer@4   (results
 #   and logs under $OUT; the wheels are installed once per machine, under /tmp/site)
@@ -28,9 +28,12 @@ if [ -d /tmp/scale/project ]; then rm -rf /tmp/scale/project/stages; cp -r stage
     age=$(ps -o etimes= -p "$p" | tr -d ' ')
     if [ "$age" -gt "${HANG:-240}" ]; then kill -ABRT "$p"
     elif [ "$age" -gt "${TRACE:-150}" ] && [ $((n % 4)) -eq 0 ] && grep -q stages.train.distributed /proc/$p/cmdline \
-         && ! grep -q torch.distributed.run /proc/$p/cmdline; then kill -USR1 "$p"; fi; done; done ) &
+         && ! grep -q torch.distributed.run /proc/$p/cmdline; then kill -USR1 "$p"; fi; done; done ) >/dev/null 2>&1 &
+watchdog=$!  # its output goes nowhere: it would hold a pipe after this script (| tail) open for ever
 timeout "${LIMIT:-540}" python3 -m bench.scale "$@" --work /tmp/scale --rows /tmp/rows.jsonl \
   --tokenizer gpu/shared/tokenizers/qwen3 --out /tmp/scale/scale.json 2>&1 | grep -v -i warn | tail -30
 cp /tmp/scale/scale.json "${OUT:-/tmp}/"; tail -c 200000 /tmp/scale/builds.log > "${OUT:-/tmp}/builds.log"
-for f in $(ls -t /tmp/scale/project/artifacts/store/checkpoint/*.log | head -3); do
+c=/tmp/scale/project/artifacts/store/checkpoint  # a build still running logs to .tmp-<key>-<pid>.log
+for f in $(ls -t $c/*.log $c/.tmp-*.log 2>/dev/null | head -3); do
   grep -v -i warn "$f" | tail -c 20000 > "${OUT:-/tmp}/$(basename "$f")"; done
+kill "$watchdog"

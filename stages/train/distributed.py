@@ -92,7 +92,7 @@ def main(spec_path: str) -> None:
     from stages.train.methods import METHODS
 
     # `kill -USR1 <pid>` of a training process: every thread's stack into the stage log, and it goes
-    # on; what a process that seems stuck is doing (a 14B full fine-tune saved for minutes, unexplained)
+    # on; what a process that seems stuck is doing
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", 0))  # absent: launch()'s single process, without torchrun

@@ -218,6 +218,10 @@ def gathered_state(trainer, peft: str, dtype: str) -> dict | None:
         whole = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
         if keep:
             state[name] = (whole.to(cast) if cast and whole.is_floating_point() else whole).cpu()
+    # the other processes only queue their side of each gather on the GPU and would exit at once,
+    # which aborts the gathers the first process still waits on: it hung until NCCL's timeout (a 14B
+    # full fine-tune, minutes after its last step). They wait here until it has every tensor.
+    dist.barrier()
     return state
 
 
@@ -225,8 +229,7 @@ def save(trainer, tok, peft: str, dtype: str, logs: tuple[str, ...], out: Path, 
     """metrics.jsonl (loss per step, and the method's own figures: `logs`) and the weights:
     model/ for full training, or the standard PEFT adapter/ with nothing machine-specific in it.
     Under FSDP every process takes part in gathering the full weights; the first process alone
-    writes, as one process would. A sharded run says how long each took (a 14B full fine-tune on
-    two H200s spent over four minutes after its last step, unexplained)."""
+    writes, as one process would. A sharded run says how long each took."""
     sharded = trainer.is_fsdp_enabled
     if sharded:
         log.info("gathering the weights from the shards")
