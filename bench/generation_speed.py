@@ -266,6 +266,9 @@ def run(args, result: dict, save) -> None:
             r["peer_generate_one_at_a_time_tokens_per_s"], _ = sequential(model, peer_prompts, new_tokens)
         save()
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
+    if args.compile_forward:  # what adopting it in the engine would do; first_request_seconds holds its compile
+        model.forward = torch.compile(model.forward, dynamic=True)
+    result["compile_forward"] = args.compile_forward
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
         t = time.perf_counter()
         served_model = ServedModel(model, tok, options=options)
@@ -360,6 +363,9 @@ def main():
                          "server side by side, one run after another on one machine")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                     help="a field of transformers' ContinuousBatchingConfig for the engine, e.g. use_async_batching=true")
+    ap.add_argument("--compile-forward", action="store_true",
+                    help="serve with the model's forward compiled (torch.compile, dynamic shapes), the per-request "
+                         "logits processors eager: generation_engine --variants' perreq_forward_compiled, served")
     args = ap.parse_args()
     out = args.out or (tiny.results_path("generation_speed") if args.tiny else
                        REPO / "bench" / "results" / f"generation_speed_{time.strftime('%Y-%m-%d')}.json")
