@@ -14,6 +14,7 @@ which frees its KV pages at the next step.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import queue
@@ -160,7 +161,7 @@ class Engine:
         """Whether requests can still end: the batch's thread and the router both run."""
         return self.manager.is_running() and self.router.is_alive()
 
-    def _submit(self, ids: list[int], s: Sampling, streaming: bool, into=None) -> tuple[str, queue.Queue]:
+    def _submit(self, ids: list[int], s: Sampling, streaming: bool, into=None) -> tuple[str, queue.Queue | Reading]:
         """Queue a request; its outputs go to a queue of its own, or to `into` (anything with a
         `put`: a queue shared by many requests, or one request's Reading)."""
         if len(ids) + s.max_new_tokens > self.kv_tokens:
@@ -203,8 +204,6 @@ class Engine:
         token, held the GIL the batch's own thread needs), and a wake-up reads the newest tokens,
         however many steps came since. Past the deadline the answer so far ends it; closing the
         generator (its client went away) frees the request's pages at the next step."""
-        import asyncio
-
         loop, woken = asyncio.get_running_loop(), asyncio.Event()
         reading = Reading(self, s, texts, lambda: loop.call_soon_threadsafe(woken.set))
         rid = self._submit(ids, s, streaming=True, into=reading)[0]
@@ -321,7 +320,7 @@ class Reading:
         return text if self.texts else None
 
     def cut(self) -> Generated:
-        """The answer so far, for a request cancelled or past its deadline."""
+        """The answer so far, for a request past its deadline."""
         text = self.engine.tok.decode(self.new, skip_special_tokens=True)
         return Generated(list(self.new), "length", cut_at_stop(text, self.s.stop)[0])
 
