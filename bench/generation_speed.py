@@ -268,7 +268,7 @@ def run(args, result: dict, save) -> None:
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
     if args.compile_forward:  # what adopting it in the engine would do; first_request_seconds holds its compile
         model.forward = torch.compile(model.forward, dynamic=True)
-    result["compile_forward"] = args.compile_forward
+        result["compile_forward"] = True
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
         t = time.perf_counter()
         served_model = ServedModel(model, tok, options=options)
