@@ -218,9 +218,9 @@ def gathered_state(trainer, peft: str, dtype: str) -> dict | None:
         whole = (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
         if keep:
             state[name] = (whole.to(cast) if cast and whole.is_floating_point() else whole).cpu()
-    # the other processes only queue their side of each gather on the GPU and would exit at once,
-    # which aborts the gathers the first process still waits on: it hung until NCCL's timeout (a 14B
-    # full fine-tune, minutes after its last step). They wait here until it has every tensor.
+    # under NCCL the other processes only queue their side of each gather on the GPU and would exit
+    # at once, and the gathers the first process still waits on never complete (a 14B full
+    # fine-tune sat here for minutes after its last step). They wait here until it has every tensor.
     dist.barrier()
     return state
 
