@@ -5,9 +5,20 @@
 # does; the next call waits on the same build, or restarts it: stages are cached and training
 # resumes from its last saved step), then verifies and writes bench/pipeline_report.py's figures.
 #
+# Needs, carried beside the checkout: .whl/ (the training wheels, as bench/gpu_scale.sh lists),
+# gpu/whl_pipe/ (lm-eval 0.4.13, chardet, zstandard, amd-quark 0.13, onnxslim: the eval and
+# quantized stages'), gpu/qwen3-tokenizer/ (its json and jinja files, tokenizer.json gzipped) and
+# gpu/gsm8k-train.jsonl.gz. `doit verify` imports every stage's module for its check, the anchor
+# stage's too, so verifying here needs web3's wheels as well; without them verify fails on that
+# import and the build is rebuilt (a no-op: every stage is cached) rather than found "already built".
+#
 #   bash bench/gpu_pipeline.sh RECIPE SECONDS_TO_WAIT   (writes logs and the report under $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+wheels=$(ls .whl gpu/whl_pipe | md5sum | cut -c1-12)  # installed once per machine and set of wheels
+[ -f /tmp/site/.wheels-$wheels ] || { rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile \
+  --no-cache-dir --target /tmp/site .whl/*.whl gpu/whl_pipe/*.whl && touch /tmp/site/.wheels-$wheels; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 recipe=${1:-qwen3_8b_shape}; wait_s=${2:-560}; out=${OUT:-/tmp}
 mkdir -p models/qwen3-tokenizer data/gsm8k
 if [ ! -f models/qwen3-tokenizer/tokenizer.json ]; then
