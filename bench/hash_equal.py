@@ -44,10 +44,16 @@ def doit(*args: str, env: dict | None = None) -> str:
 
 
 def machine() -> dict:
+    """What tells the two machines apart: lent hosts may share a hostname, so the GPU's UUID and
+    the OS's machine id too (None where there is none)."""
     import torch
 
+    cuda = torch.cuda.is_available()
+    machine_id = Path("/etc/machine-id")
     return {"host": platform.node(), "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+            "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+            "gpu_uuid": str(getattr(torch.cuda.get_device_properties(0), "uuid", None)) if cuda else None,
+            "machine_id": machine_id.read_text().strip() if machine_id.is_file() else None}
 
 
 def built(recipe: str, stages) -> dict:
