@@ -269,6 +269,12 @@ def run(args, result: dict, save) -> None:
     if args.compile_forward:  # what adopting it in the engine would do; first_request_seconds holds its compile
         model.forward = torch.compile(model.forward, dynamic=True)
         result["compile_forward"] = True
+    if args.compile_regions:  # each layer's MLP and norms, attention eager: no variant per layer (docs/serving.md)
+        for layer in model.model.layers:
+            for region in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+                region.compile(dynamic=True)
+        model.model.norm.compile(dynamic=True)
+        result["compile_regions"] = True
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
         t = time.perf_counter()
         served_model = ServedModel(model, tok, options=options)
@@ -366,6 +372,9 @@ def main():
     ap.add_argument("--compile-forward", action="store_true",
                     help="serve with the model's forward compiled (torch.compile, dynamic shapes), the per-request "
                          "logits processors eager: generation_engine --variants' perreq_forward_compiled, served")
+    ap.add_argument("--compile-regions", action="store_true",
+                    help="serve with each layer's MLP and norms compiled (torch.compile, dynamic shapes) and attention "
+                         "eager: the forward compiled whole gets a variant per layer from the KV cache's update")
     args = ap.parse_args()
     out = args.out or (tiny.results_path("generation_speed") if args.tiny else
                        REPO / "bench" / "results" / f"generation_speed_{time.strftime('%Y-%m-%d')}.json")
