@@ -5,8 +5,7 @@
 # httpcore2, pydantic(+core), ...) and gpu/shared/ (tokenizers/qwen3, datasets/mt-bench, datasets/gsm8k).
 #
 #   bash bench/gpu_generation.sh default "--new-tokens 128" kv256 "--new-tokens 128 --option kv_padding_interval_size=256"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 HF_HUB_OFFLINE=1
+. bench/gpu_site.sh && install_site || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 while [ $# -ge 2 ]; do
   name=$1; args=$2; shift 2

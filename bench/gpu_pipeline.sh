@@ -15,10 +15,7 @@
 #   bash bench/gpu_pipeline.sh RECIPE SECONDS_TO_WAIT   (writes logs and the report under $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-wheels=$(ls .whl gpu/whl_pipe | md5sum | cut -c1-12)  # installed once per machine and set of wheels
-[ -f /tmp/site/.wheels-$wheels ] || { rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --target /tmp/site .whl/*.whl gpu/whl_pipe/*.whl && touch /tmp/site/.wheels-$wheels; } || exit 1
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+. bench/gpu_site.sh && install_site gpu/whl_pipe || exit 1
 recipe=${1:-qwen3_8b_shape}; wait_s=${2:-560}; out=${OUT:-/tmp}
 mkdir -p models/qwen3-tokenizer data/gsm8k
 if [ ! -f models/qwen3-tokenizer/tokenizer.json ]; then

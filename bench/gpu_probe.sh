@@ -5,8 +5,8 @@
 # bench/, that code's probe runs once first, the same way (the search it replaces, side by side).
 #
 #   bash bench/gpu_probe.sh 3 --shape qwen3-8b --global-batch 8 --budget 300
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 HF_HUB_OFFLINE=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+. bench/gpu_site.sh && install_site || exit 1
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 runs=$1; shift
 cold() {  # NAME DIR ARGS...: one cold probe of the code in DIR

@@ -18,10 +18,7 @@
 #
 #   LIMIT=540 bash bench/gpu_scale.sh --workloads 8b_lora --gpus 1,2,4 --sides ours,fsdp2@4,peer@4   (results
 #   and logs under $OUT; the wheels are installed once per machine, under /tmp/site)
-wheels=$(ls .whl | md5sum | cut -c1-12)  # installed once per machine and set of wheels
-[ -f /tmp/site/.wheels-$wheels ] || { rm -rf /tmp/site && python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --target /tmp/site .whl/*.whl && touch /tmp/site/.wheels-$wheels; } || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+. bench/gpu_site.sh && install_site || exit 1
 [ -f /tmp/rows.jsonl ] || gunzip -c gpu/scale_rows.jsonl.gz > /tmp/rows.jsonl
 if [ -d /tmp/scale/project ]; then rm -rf /tmp/scale/project/stages; cp -r stages /tmp/scale/project/; fi
 ( n=0; while sleep 15; do n=$((n + 1)); for p in $(pgrep -f "stages.train.distributed|peer-child"); do
