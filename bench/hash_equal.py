@@ -49,10 +49,11 @@ def machine() -> dict:
     import torch
 
     cuda = torch.cuda.is_available()
+    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None) if cuda else None
     machine_id = Path("/etc/machine-id")
     return {"host": platform.node(), "torch": torch.__version__,
             "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-            "gpu_uuid": str(getattr(torch.cuda.get_device_properties(0), "uuid", None)) if cuda else None,
+            "gpu_uuid": None if uuid is None else str(uuid),
             "machine_id": machine_id.read_text().strip() if machine_id.is_file() else None}
 
 
