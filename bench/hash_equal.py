@@ -65,6 +65,37 @@ def built(recipe: str, stages) -> dict:
     return {s: store.pointer(recipe, s) for s in stages}
 
 
+def capped(path: Path) -> bytes:
+    """A file DIR carries, read only up to remote.ENTRY_CAP: a larger one ends the run in one line."""
+    from stages.engine import remote
+
+    with open(path, "rb") as f:
+        data = f.read(remote.ENTRY_CAP + 1)
+    if len(data) > remote.ENTRY_CAP:
+        raise SystemExit(f"{path}: larger than {remote.ENTRY_CAP} bytes; carry DIR again")
+    return data
+
+
+def carried_first(came: Path) -> dict:
+    """DIR's first.json, as `first` writes it: a JSON object whose `stages` give each stage's key and
+    digest as strings, and its `machine`. Anything else (too large, not JSON, nested past the
+    parser's stack, another shape) ends the run in one line; carried_entry checks the names."""
+    path = came / "first.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: not there; `--from` names the directory `first` wrote")
+    try:
+        first = json.loads(capped(path))
+    except (ValueError, RecursionError):
+        raise SystemExit(f"{path}: not JSON, or nested deeper than it can be read; carry DIR again") from None
+    stages = first.get("stages") if isinstance(first, dict) else None
+    if not (isinstance(stages, dict) and isinstance(first.get("machine"), dict) and all(
+            isinstance(s, dict) and isinstance(s.get("key"), str) and isinstance(s.get("digest"), str)
+            for s in stages.values())):
+        raise SystemExit(f"{path}: not what `first` writes (a machine, and stages each with a key and a digest); "
+                         f"carry DIR again")
+    return first
+
+
 def carried_entry(came: Path, stage: str, key: str) -> dict | None:
     """The first machine's entry of (stage, key) as DIR carries it, checked as a fetch checks a
     remote's (remote.checked: within ENTRY_CAP, the shape push writes, its key and digest its own);
@@ -79,12 +110,8 @@ def carried_entry(came: Path, stage: str, key: str) -> dict | None:
     path = came / "entries" / stage / f"{key}.json"
     if not path.is_file():
         return None
-    with open(path, "rb") as f:
-        data = f.read(remote.ENTRY_CAP + 1)
-    if len(data) > remote.ENTRY_CAP:
-        raise SystemExit(f"{path}: larger than {remote.ENTRY_CAP} bytes; carry DIR again")
     try:
-        return remote.checked(data, stage, key, STAGES, str(path))
+        return remote.checked(capped(path), stage, key, STAGES, str(path))
     except remote.Rejected as e:
         raise SystemExit(str(e)) from None
 
@@ -126,7 +153,7 @@ def first(recipe: str, out: Path) -> None:
 def second(recipe: str, came: Path, out: Path) -> dict:
     from stages.engine.store import Store
 
-    before = json.loads((came / "first.json").read_text())
+    before = carried_first(came)
     entries = {stage: carried_entry(came, stage, was["key"]) for stage, was in before["stages"].items()}
     doit(f"manifest:{recipe}", env={"MINDXTRAIN_REMOTE": str((came / "remote").resolve())})
     here, store = built(recipe, before["stages"]), Store(Path("artifacts"))

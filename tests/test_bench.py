@@ -256,3 +256,12 @@ def test_hash_equal_brings_the_plan_over_and_compares_every_stage(warm, fresh, t
     p = subprocess.run([sys.executable, "-m", "bench.hash_equal", "second", "tiny", "--from", str(carried), "--out",
                         str(tmp_path / "hostile.json")], cwd=fresh, capture_output=True, text=True)
     assert p.returncode != 0 and "is not a stage and key" in p.stderr and not (tmp_path / "hostile.json").exists()
+    from stages.engine.remote import ENTRY_CAP
+
+    for text, said in (("[" * 100_000 + "]" * 100_000, "nested deeper"), ("0" * (ENTRY_CAP + 1), "larger than"),
+                       ('{"machine": {}, "stages": {"plan": {"key": 1}}}', "not what `first` writes")):
+        (carried / "first.json").write_text(text)  # first.json is as hostile as the entries
+        p = subprocess.run([sys.executable, "-m", "bench.hash_equal", "second", "tiny", "--from", str(carried),
+                            "--out", str(tmp_path / "hostile.json")], cwd=fresh, capture_output=True, text=True)
+        assert p.returncode != 0 and said in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+        assert not (tmp_path / "hostile.json").exists()
