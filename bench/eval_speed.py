@@ -12,7 +12,7 @@ where the engine's batch also gains what HFLM's padded rows waste). Reported: se
 side and run, HFLM over the engine (min and median over --repeat), and how many answers are the
 same string (bf16: the two batch differently, so near-ties may break differently).
 
-    python -m bench.eval_speed [--shape qwen3-8b] [--limit 128] [--max-new-tokens 32] [--repeat 3] [--out FILE]
+    python -m bench.eval_speed [--shape qwen3-8b | --model DIR] [--limit 128] [--max-new-tokens 32] [--repeat 3] [--out FILE]
 
 --tiny: the tiny model and its character tokenizer on the CPU, data/tiny's questions (a smoke
 test of this script, not a measurement).
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--model", type=Path, help="a saved model directory instead of --shape (a Quark export from "
+                                                "the quantized stage: its tokenizer is read from there too)")
     a = ap.parse_args()
     import torch
     from lm_eval.models.huggingface import HFLM
@@ -97,7 +99,15 @@ def main() -> None:
         tok, shape, a.rows, a.limit, a.max_new_tokens, a.repeat = char_tokenizer(), tiny.SHAPE, tiny.PROMPTS, 12, 8, 2
     else:
         tok, shape = AutoTokenizer.from_pretrained(a.tokenizer), SHAPES[a.shape]
-    model = load_model(shape, device, tok)
+    if a.model:
+        from transformers import AutoModelForCausalLM
+
+        from stages.model.trained import placement
+
+        tok = AutoTokenizer.from_pretrained(a.model)
+        model = AutoModelForCausalLM.from_pretrained(a.model, **placement()).eval()
+    else:
+        model = load_model(shape, device, tok)
     reqs = requests(tok, a.rows, a.limit, a.max_new_tokens)
     args = dict(pretrained=model, tokenizer=tok, batch_size=a.batch_size, max_length=model.config.max_position_embeddings)
     sides = {"hflm": HFLM(**args), "engine": EngineLM(**args, eos_ids=end_ids(model, tok))}
@@ -117,7 +127,7 @@ def main() -> None:
         ratios = [r["hflm_over_engine"] for r in runs]
         result = {
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-            "model": f"{'tiny' if a.tiny else a.shape} shape, random weights",
+            "model": str(a.model) if a.model else f"{'tiny' if a.tiny else a.shape} shape, random weights",
             "requests": len(reqs), "max_new_tokens": a.max_new_tokens, "batch_size": a.batch_size,
             "runs": runs, "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
             "same_answers": sum(x == y for x, y in zip(answers["hflm"], answers["engine"])),

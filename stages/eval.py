@@ -7,9 +7,9 @@ by stages/scoring/harness.py, no hub access), and the metrics eval.json reports.
 match of the greedy answer to the reference (prompt rendered with the model's chat template),
 and per-token perplexity of the reference answer and its end-of-turn token given the prompt: the
 tokens training puts loss on; text: perplexity; preference pairs: margin and preference accuracy;
-prompts: GRPO's reward. On a GPU the base and trained models' generative tasks decode in the
-generation engine's continuous batch (stages/scoring/engine_lm.py; docs/serving.md has the
-measurement against lm-eval's batched generate). A method with a scoring head (reward) is scored on how it ranks held-out
+prompts: GRPO's reward. On a GPU every model's generative tasks decode in the generation
+engine's continuous batch (stages/scoring/engine_lm.py; docs/serving.md has the measurement
+against lm-eval's batched generate). A method with a scoring head (reward) is scored on how it ranks held-out
 pairs (stages/scoring/reward_ranking.py). Scoring the base model too makes eval.json show the
 gain; scoring each quantized model beside the trained one, with its size (size_bytes: the weight
 files), shows what each scheme costs in accuracy for what it saves.
@@ -20,7 +20,7 @@ import importlib
 import json
 from pathlib import Path
 
-from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
+from stages.model.trained import device, load_trained, on_cuda, placement, size_on_disk, trained_size_on_disk
 from stages.scoring import harness, reward_ranking
 from stages.train.methods import METHODS
 
@@ -66,22 +66,20 @@ def build(ctx, out: Path) -> None:
         configs = harness.task_configs(kind.tasks(docs, tok.eos_token, settings.max_new_tokens, ctx.recipe.train.reward),
                                        docs)
         report["heldout_rows"] = len(docs)
-        # On a GPU the base and trained models generate in the engine's continuous batch (on the CPU
-        # generate was faster: serving.md); Quark's exports keep lm-eval's generate until the engine
-        # has been measured on them there
-        on_gpu = device() == "cuda"
-        models = [  # (where its result goes, its name there, how to load it, its weights' bytes, through the engine)
-            (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base),
-             on_gpu),
-            (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base), on_gpu),
+        # On a GPU every model's generative tasks decode in the engine's continuous batch; on the CPU
+        # lm-eval's generate was faster (serving.md)
+        engine = on_cuda()
+        models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
+            (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
+            (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
         ]
         for scheme in sorted(d.name for d in quantized.iterdir() if d.is_dir()):
             export = quantized / scheme
             models.append((report.setdefault("quantized", {}), scheme,
-                           lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export),
-                           False))
-        for where, name, load, size, engine in ctx.progress(models, desc="scoring", unit=" models"):
-            ctx.log.debug("scoring %s on %d held-out rows", name, len(docs))
+                           lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
+        for where, name, load, size in ctx.progress(models, desc="scoring", unit=" models"):
+            ctx.log.debug("scoring %s on %d held-out rows, generating %s", name, len(docs),
+                          "in the engine" if engine else "with lm-eval's generate")
             scores = kind.scores(harness.results(load(), tok, configs, settings, engine=engine))
             where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
             ctx.log.debug("%s: %s", name, where[name])

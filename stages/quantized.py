@@ -67,7 +67,10 @@ def build(ctx, out: Path) -> None:
             logits.append(o.logits.float().cpu())
         return sum(losses) / len(losses), torch.cat(logits)
 
-    loss_ref, logits_ref = measure(trained())
+    model = trained()
+    ctx.log.debug("trained model loaded")
+    loss_ref, logits_ref = measure(model)
+    ctx.log.debug("unquantized loss measured on %d sequences", len(checked))
     score = {
         "checked_on": {"shard": f"train/{FIRST_SHARD}", "first_sequence": n, "sequences": len(checked),
                        "what": "packed training sequences after the calibration ones; loss on assistant "
@@ -75,11 +78,16 @@ def build(ctx, out: Path) -> None:
         "train_loss_unquantized": round(loss_ref, 6),
         "schemes": {},
     }
-    for scheme in schemes:
+    for i, scheme in enumerate(schemes):
+        # Quark quantizes in place: the first scheme takes the model measured above (an 8B load and
+        # merge spared), each later one a fresh load, so no scheme's bytes depend on the others
+        model = model if i == 0 else trained()
         ctx.log.debug("quantizing to %s with %d calibration sequences", scheme, len(calib))
         torch.manual_seed(0)
-        quark.export(trained(), scheme, calib, out / scheme)
+        quark.export(model, scheme, calib, out / scheme)
+        del model
         AutoTokenizer.from_pretrained(ctx.upstream["base"]).save_pretrained(out / scheme)
+        ctx.log.debug("%s exported", scheme)
         loss_q, logits_q = measure(AutoModelForCausalLM.from_pretrained(out / scheme, **placement()).eval())
         score["schemes"][scheme] = {
             "train_loss_quantized": round(loss_q, 6),

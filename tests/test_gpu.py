@@ -56,6 +56,24 @@ def test_plan_probes_training_steps_and_training_applies_them(fresh):
     assert "step 20/20" in log
 
 
+def test_on_a_gpu_the_eval_stage_generates_in_the_engine(fresh):
+    """Every model's generative tasks (base, trained and the Quark export) decode in the generation
+    engine on a GPU: the eval stage once compared device()'s "cuda: <name>" with "cuda" and so never
+    used it there."""
+    import yaml
+
+    recipe = yaml.safe_load((fresh / "recipes" / "tiny.yaml").read_text())
+    recipe["hardware"] = {"profile": "h200" if "H200" in torch.cuda.get_device_name(0) else "h100"}
+    recipe["train"]["max_steps"] = 5
+    (fresh / "recipes" / "gpu.yaml").write_text(yaml.safe_dump(recipe))
+    run = doit(fresh, "eval:gpu")
+    assert run.rc == 0, run.out[-6000:]
+    key = json.loads((fresh / "artifacts" / "gpu" / "eval.json").read_text())["key"]
+    log = (fresh / "artifacts" / "store" / "eval" / f"{key}.log").read_text()
+    scored = [line for line in log.splitlines() if " scoring " in line]
+    assert len(scored) == 3 and all(line.endswith("generating in the engine") for line in scored), log[-4000:]
+
+
 def link_qwen3_inputs(project) -> None:
     """Qwen3's tokenizer and GSM8K train where recipes/qwen3_*.yaml look for them: from
     ../shared, or from the copies bench/gpu_pipeline.sh unpacks on the lent GPU."""

@@ -12,9 +12,16 @@ def placement() -> dict:
     CPU fp32, as before, so CPU builds keep their bytes."""
     import torch
 
-    if torch.cuda.is_available():
+    if on_cuda():
         return {"dtype": torch.bfloat16, "device_map": "cuda"}
     return {"dtype": torch.float32}
+
+
+def on_cuda() -> bool:
+    """Whether placement() puts models on a CUDA GPU (where eval decodes in the generation engine)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def device() -> str:
