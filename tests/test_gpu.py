@@ -74,6 +74,31 @@ def test_on_a_gpu_the_eval_stage_generates_in_the_engine(fresh):
     assert len(scored) == 3 and all(line.endswith("generating in the engine") for line in scored), log[-4000:]
 
 
+def test_quantized_and_eval_rebuilt_alone_write_what_they_wrote_after_training(fresh):
+    """The stages downstream of training run in training's numeric mode whatever ran before them in
+    the process: rebuilt in a `doit` of their own (the checkpoint cached), quantized and eval write
+    the bytes they wrote when training ran first in the same process."""
+    import yaml
+
+    recipe = yaml.safe_load((fresh / "recipes" / "tiny.yaml").read_text())
+    recipe["hardware"] = {"profile": "h200" if "H200" in torch.cuda.get_device_name(0) else "h100"}
+    recipe["train"]["max_steps"] = 5
+    (fresh / "recipes" / "gpu.yaml").write_text(yaml.safe_dump(recipe))
+
+    def digests():
+        return {s: json.loads((fresh / "artifacts" / "gpu" / f"{s}.json").read_text())["digest"]
+                for s in ("checkpoint", "quantized", "eval")}
+
+    run = doit(fresh, "eval:gpu")
+    assert run.rc == 0, run.out[-6000:]
+    after_training = digests()
+    for stage in ("quantized", "eval"):
+        shutil.rmtree(fresh / "artifacts" / "store" / stage)
+    run = doit(fresh, "eval:gpu")
+    assert run.rc == 0 and "built" in run.out, run.out[-6000:]
+    assert digests() == after_training
+
+
 def link_qwen3_inputs(project) -> None:
     """Qwen3's tokenizer and GSM8K train where recipes/qwen3_*.yaml look for them: from
     ../shared, or from the copies bench/gpu_pipeline.sh unpacks on the lent GPU."""
