@@ -246,6 +246,7 @@ def run_one(name: str, a) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    from stages.model import numerics
     from stages.train import settings
 
     method, who = name.split("_")
@@ -269,7 +270,7 @@ def run_one(name: str, a) -> dict:
         decisions = found["decisions"]
         plan = {**decisions, "device": device, "dtype": "bfloat16" if device == "cuda" else "float32", "processes": 1,
                 "grad_accum": GLOBAL_BATCH // decisions["micro_batch_size"]}
-        settings.training_mode()
+        numerics.training_mode()
         model = new_model(shape, device)
         settings.apply_settings(model, plan)
         module = dpo if method == "dpo" else grpo

@@ -122,10 +122,11 @@ def run_breakdown(setting: dict) -> dict:
 
     from bench.breakdown import TAG, breakdown
     from stages.engine.recipe import TrainSection
+    from stages.model import numerics
     from stages.train import settings
     from stages.train.settings import lora_config
 
-    settings.training_mode()
+    numerics.training_mode()
     model = get_peft_model(new_model("sdpa"), lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
     model.train()
     settings.apply_settings(model, setting)
@@ -192,11 +193,12 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, fp8: str | None =
     from peft import get_peft_model
     from peft.helpers import disable_input_dtype_casting
 
+    from stages.model import numerics
     from stages.train import settings
     from stages.train.settings import lora_config
     from stages.engine.recipe import TrainSection
 
-    settings.training_mode()
+    numerics.training_mode()
     model = new_model("sdpa")
     model = get_peft_model(model, lora_config(TrainSection(peft="lora", lora={"r": 16, "alpha": 32})))
     model.train()
@@ -304,6 +306,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
+    from stages.model import numerics
     from stages.train import settings
     from stages.model.tiny import char_tokenizer
     from stages.train.settings import training_context
@@ -311,7 +314,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from stages.train.sft import make_trainer
     from stages.engine.recipe import TrainSection
 
-    settings.training_mode()
+    numerics.training_mode()
     model = new_model("sdpa")
     settings.apply_settings(model, {**setting, "compile": setting["compile"] and not compile_mode})
     if compile_mode:

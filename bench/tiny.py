@@ -84,7 +84,8 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
 
     from stages.train import autotune
     from stages.train.methods import METHODS
-    from stages.train.settings import apply_settings, lora_config, sdpa_backend, training_mode
+    from stages.model.numerics import training_mode
+    from stages.train.settings import apply_settings, lora_config, sdpa_backend
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)

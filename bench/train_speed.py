@@ -269,6 +269,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     import torch
     from datasets import Dataset
 
+    from stages.model import numerics
     from stages.train import settings
     from stages.train.settings import training_context
     from stages.train.methods import METHODS
@@ -277,7 +278,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
 
     reset_peak()
     dtype = dtype or DTYPE
-    settings.training_mode()
+    numerics.training_mode()
     model = new_model("sdpa", dtype)
     settings.apply_settings(model, decisions)
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32, "target_modules": "all-linear"}, lr=1e-4,

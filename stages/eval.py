@@ -20,8 +20,8 @@ import importlib
 import json
 from pathlib import Path
 
-from stages.model.trained import (device, load_trained, on_cuda, placement, same_kernels_as_training, size_on_disk,
-                                  trained_size_on_disk)
+from stages.model.numerics import as_planned
+from stages.model.trained import device, load_trained, on_cuda, placement, size_on_disk, trained_size_on_disk
 from stages.scoring import harness, reward_ranking
 from stages.train.methods import METHODS
 
@@ -43,7 +43,7 @@ def build(ctx, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    same_kernels_as_training()
+    as_planned(ctx.upstream["plan"])
     torch.manual_seed(0)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     settings = ctx.recipe.eval

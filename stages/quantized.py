@@ -17,7 +17,8 @@ from pathlib import Path
 
 from stages.data import packed
 from stages.model import quark
-from stages.model.trained import device, load_trained, placement, same_kernels_as_training
+from stages.model.numerics import as_planned
+from stages.model.trained import device, load_trained, placement
 from stages.engine.errors import UserError
 
 
@@ -48,7 +49,7 @@ def build(ctx, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    same_kernels_as_training()
+    as_planned(ctx.upstream["plan"])
     n = ctx.recipe.quantize.calibration_sequences
     calib = [ids for ids, _, _ in sequences(ctx.upstream["shards"], 0, n)]
     checked = sequences(ctx.upstream["shards"], n, CHECKED)

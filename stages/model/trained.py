@@ -24,20 +24,6 @@ def on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def same_kernels_as_training() -> None:
-    """Put the process in the numeric mode training leaves it in (deterministic kernels only, and
-    ops/hardware.yaml's GPU profiles' cuBLAS workspace setting), for the stages downstream of
-    training: their bytes must not depend on whether training ran in the same process first. On an
-    H100 the quantized stage rebuilt alone wrote other FP8 scales (training loss 3.7445 against
-    3.7443) under the same key as when it followed training in one `doit` run."""
-    import os
-
-    from stages.train.settings import training_mode
-
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read by cuBLAS's first call in the process
-    training_mode()
-
-
 def device() -> str:
     """Where placement() puts the model: part of the key of every stage that uses it, since a
     GPU in bf16 and the CPU in fp32 write different bytes from the same inputs. A CPU build of

@@ -31,9 +31,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from stages.model.numerics import training_mode
 from stages.train.methods import METHODS
 from stages.train.settings import (apply_settings, compile_regions, decoder_layers, lora_config, nf4_config, rocm_env,
-                                   sdpa_backend, switch_settings, training_mode, without_peft)
+                                   sdpa_backend, switch_settings, without_peft)
 
 TIMED_STEPS = 3  # after one warm-up step; the median, so one step held up by the host does not decide
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs

@@ -83,15 +83,6 @@ def sdpa_backend(name: str | None):
     return sdpa_kernel(getattr(SDPBackend, name.upper())) if name else nullcontext()
 
 
-def training_mode() -> None:
-    """Deterministic kernels only and no cuDNN benchmarking: set by training and by the probe
-    alike, so the probe never picks a kernel that training would refuse."""
-    import torch
-
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-
-
 def decoder_layers(model) -> list:
     from transformers.modeling_layers import GradientCheckpointingLayer
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 from stages.model.trained import dequantized
-from stages.train.settings import apply_settings, nf4_config, training_context, training_mode
+from stages.model.numerics import training_mode
+from stages.train.settings import apply_settings, nf4_config, training_context
 
 COMPLETE = "mindxtrain-complete"
 SET_VALUED = ("target_modules", "exclude_modules")  # adapter_config.json fields PEFT keeps as sets
@@ -47,8 +47,7 @@ def fit(method, base: Path, shards: Path, plan: dict, t, work: Path, out: Path, 
     Context.progress: on the console, drawn only on a terminal); None: tqdm's own."""
     from transformers import AutoTokenizer, set_seed
 
-    os.environ.update(plan["env"])
-    training_mode()
+    training_mode(plan["env"])
     set_seed(t.seed)
     tok = AutoTokenizer.from_pretrained(base)
     module = importlib.import_module(method.module)
