@@ -156,3 +156,23 @@ def test_serve_picks_a_scheme_export_first_listed_by_default(tmp_path):
     assert served("r", manifest, "d" * 64, True, path, "fp8").weights == tmp_path / "quantized" / "fp8"
     with pytest.raises(UserError, match="serve:r: no int4 export: recipes/r.yaml quantizes to mxfp4, fp8; pick one"):
         served("r", manifest, "d" * 64, True, path, "int4")
+
+
+def test_the_stages_after_training_compute_in_the_plans_mode(tmp_path):
+    """numerics.as_planned, which quantized and eval call first, puts the process in training's
+    mode: the plan's environment block and deterministic kernels (tests/test_gpu.py shows on a GPU
+    what it spares: other bytes when the two are rebuilt alone). In a process of its own, since
+    the mode holds for the whole process."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "plan.json").write_text(json.dumps({"decisions": {"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}}}))
+    code = ("import os, sys, torch; from pathlib import Path; from stages.model.numerics import as_planned; "
+            "assert not torch.are_deterministic_algorithms_enabled(); as_planned(Path(sys.argv[1])); "
+            "print(os.environ['CUBLAS_WORKSPACE_CONFIG'], torch.are_deterministic_algorithms_enabled(), "
+            "torch.backends.cudnn.benchmark)")
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == [":4096:8", "True", "False"]
