@@ -167,12 +167,44 @@ def test_the_stages_after_training_compute_in_the_plans_mode(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "plan.json").write_text(json.dumps({"decisions": {"env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}}}))
-    code = ("import os, sys, torch; from pathlib import Path; from stages.model.numerics import as_planned; "
+    from stages import plan
+    from stages.train import settings
+
+    block = {**plan.env_block(REPO, "mi300x"), **settings.rocm_env("ck")}  # the widest a plan writes
+    (tmp_path / "plan.json").write_text(json.dumps({"decisions": {"env": block}}))
+    code = ("import json, os, sys, torch; from pathlib import Path; from stages.model.numerics import as_planned; "
             "assert not torch.are_deterministic_algorithms_enabled(); as_planned(Path(sys.argv[1])); "
-            "print(os.environ['CUBLAS_WORKSPACE_CONFIG'], torch.are_deterministic_algorithms_enabled(), "
-            "torch.backends.cudnn.benchmark)")
-    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True)
+            "print(json.dumps([{k: os.environ[k] for k in json.loads(sys.argv[2])}, "
+            "torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark]))")
+    env = {k: v for k, v in os.environ.items() if k not in block}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path), json.dumps(sorted(block))], cwd=REPO, env=env,
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split() == [":4096:8", "True", "False"]
+    assert json.loads(run.stdout) == [block, True, False]
+    assert block["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and block["TORCH_ROCM_FA_PREFER_CK"] == "1"
+
+
+@pytest.mark.parametrize("written, says", [
+    ('{"decisions": {"env": {"LD_PRELOAD": "/tmp/evil.so"}}}', "'LD_PRELOAD', which is not a setting of a profile"),
+    ('{"decisions": {"env": {"TORCH_EXTENSIONS_DIR": "/tmp/evil"}}}', "'TORCH_EXTENSIONS_DIR', which is not"),
+    ('{"decisions": {"env": {"CUBLAS_WORKSPACE_CONFIG": 4096}}}', "not a string of at most 256 characters"),
+    ('{"decisions": {"env": {"CUBLAS_WORKSPACE_CONFIG": "' + "x" * 257 + '"}}}', "at most 256 characters"),
+    ('{"decisions": {"env": ["CUBLAS_WORKSPACE_CONFIG"]}}', "decisions.env is not a mapping"),
+    ('{"decisions": {}}', "not a plan (no decisions.env)"),
+    ("[" * 100_000 + "]" * 100_000, "not a plan"),
+    ('{"decisions": {"env": {}}, "pad": "' + "x" * (1 << 20) + '"}', "larger than 1048576 bytes"),
+])
+def test_a_hostile_plan_env_is_refused_before_it_is_applied(tmp_path, written, says):
+    """A plan can come from a remote cache: its environment block reaches os.environ only with the
+    names ops/hardware.yaml's profiles set, as short strings; anything else is one line naming the
+    file, and the process's environment is left as it was."""
+    import os
+
+    from stages.model.numerics import as_planned
+
+    (tmp_path / "plan.json").write_text(written)
+    before = dict(os.environ)
+    with pytest.raises(UserError) as e:
+        as_planned(tmp_path)
+    assert str(tmp_path / "plan.json") in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+    assert dict(os.environ) == before

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from stages.model.numerics import ROCM_FA_SWITCH
+
 # PEFT 0.21's get_peft_model and TRL 1.16's trainers read transformers' deprecated
 # `is_gradient_checkpointing` property (its FutureWarning on every LoRA build); not a call of
 # ours to fix, so this one message is filtered where training is set up
@@ -71,7 +73,7 @@ def nf4_config():
 
 def rocm_env(library: str | None) -> dict[str, str]:
     """The environment switch that selects the ROCm flash-attention library (none: torch's default)."""
-    return {} if library is None else {"TORCH_ROCM_FA_PREFER_CK": "1" if library == "ck" else "0"}
+    return {} if library is None else {ROCM_FA_SWITCH: "1" if library == "ck" else "0"}
 
 
 def sdpa_backend(name: str | None):
