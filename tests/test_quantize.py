@@ -191,8 +191,9 @@ def test_the_stages_after_training_compute_in_the_plans_mode(tmp_path):
     ('{"decisions": {"env": {"CUBLAS_WORKSPACE_CONFIG": "' + "x" * 257 + '"}}}', "at most 256 characters"),
     ('{"decisions": {"env": ["CUBLAS_WORKSPACE_CONFIG"]}}', "decisions.env is not a mapping"),
     ('{"decisions": {}}', "not a plan (no decisions.env)"),
-    ("[" * 100_000 + "]" * 100_000, "not a plan"),
-    ('{"decisions": {"env": {}}, "pad": "' + "x" * (1 << 20) + '"}', "larger than 1048576 bytes"),
+    ("[" * 8000 + "]" * 8000, "not a plan"),
+    ("[" * 100_000 + "]" * 100_000, "larger than 16384 bytes"),
+    ('{"decisions": {"env": {}}, "pad": "' + "x" * (16 << 10) + '"}', "larger than 16384 bytes"),
 ])
 def test_a_hostile_plan_env_is_refused_before_it_is_applied(tmp_path, written, says):
     """A plan can come from a remote cache: its environment block reaches os.environ only with the
@@ -208,3 +209,21 @@ def test_a_hostile_plan_env_is_refused_before_it_is_applied(tmp_path, written, s
         as_planned(tmp_path)
     assert str(tmp_path / "plan.json") in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
     assert dict(os.environ) == before
+
+
+def test_a_deeply_nested_plan_is_refused_where_the_recursion_limit_is_raised(tmp_path):
+    """web3's py_ecc raises Python's recursion limit to 100,000 on import, and then json's parser
+    overflows the C stack before any RecursionError: the deepest plan within the size cap is still a
+    one-line refusal, not a crash (in a process of its own, as the limit holds for the whole process)."""
+    import subprocess
+    import sys
+
+    from stages.model.numerics import PLAN_CAP
+
+    (tmp_path / "plan.json").write_text("[" * (PLAN_CAP // 2) + "]" * (PLAN_CAP // 2))
+    code = ("import sys; sys.setrecursionlimit(100_000); from pathlib import Path; "
+            "from stages.engine.errors import UserError; from stages.model.numerics import as_planned\n"
+            "try:\n    as_planned(Path(sys.argv[1]))\nexcept UserError as e:\n    print(e)")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "not a plan (no decisions.env)" in run.stdout

@@ -21,7 +21,11 @@ from stages.engine.errors import UserError
 PROFILES = Path(__file__).resolve().parents[2] / "ops" / "hardware.yaml"
 ROCM_FA_SWITCH = "TORCH_ROCM_FA_PREFER_CK"  # the probe's choice of ROCm flash-attention library
 VALUE_CAP = 256  # characters of one setting's value
-PLAN_CAP = 1 << 20  # bytes of a plan.json: decisions and facts are a few hundred
+# Bytes of a plan.json (its decisions and facts take one or two KB). Small enough that no nesting
+# within it can overflow the C stack of json's parser where web3 has imported py_ecc, which raises
+# the recursion limit to 100,000, so no RecursionError comes first (50,000 levels parsed, 99,000
+# crashed the process); 16 KB holds at most 8,192.
+PLAN_CAP = 16 << 10
 
 
 def settable() -> set[str]:
