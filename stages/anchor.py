@@ -18,6 +18,7 @@ from pathlib import Path
 from web3.exceptions import ContractCustomError
 
 from stages.chain import node, registry, signer, trust
+from stages.engine import jsontext
 from stages.engine import verify as receipts
 from stages.engine.errors import UserError
 from stages.table import STAGES
@@ -83,7 +84,7 @@ def verify(recipe, recipe_name: str, root: Path, artifact: Path | None, digest: 
     where = f"registry {pinned['registry']} on chain {pinned['chain_id']}"
     trusted = trust.submitters(root, **pinned)
     try:
-        anchored = dict(json.loads((artifact / "anchor.json").read_text()))
+        anchored = dict(jsontext.loads((artifact / "anchor.json").read_bytes()))
     except (ValueError, TypeError):
         return ["anchor.json is not an anchor record"], None
     named = (anchored.get("chain_id"), str(anchored.get("registry")).lower())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from stages.engine import keys
+from stages.engine import jsontext, keys
 from stages.engine.build import context
 from stages.engine.inputs import code_files
 from stages.engine.names import is_digest, named, path_problem
@@ -169,8 +169,8 @@ def problems(recipe_name: str, key: str, text: str, table: dict) -> tuple[list[s
     """(problems, notes) of the receipt manifest.json (text) stored under `key`: the manifest's own
     key, each artifact's, and the manifest re-derived from them. Its files are intact already."""
     try:
-        manifest = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
+        manifest = jsontext.loads(text)
+    except ValueError:  # not JSON, or nested deeper than jsontext lets the parser go
         return ["manifest: manifest.json is not JSON"], []
     shape = shape_problem(manifest, table)
     if shape:

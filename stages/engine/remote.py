@@ -23,7 +23,7 @@ from pathlib import Path
 import blake3
 import fsspec.core
 
-from stages.engine import keys
+from stages.engine import jsontext, keys
 from stages.engine.errors import UserError
 from stages.engine.names import is_digest, named, path_problem
 from stages.engine.store import Store, hash_file, merkle
@@ -43,10 +43,6 @@ ENTRY_CAP = 4 << 20
 # 405B-parameter bf16 model in one file is ~810 GB). 1 TiB is above any of them, so an entry may
 # not ask for more disk than any real artifact does.
 FILE_CAP = 1 << 40
-# Entries nest 7 levels (entry, sidecar, inputs, params, a recipe section, its options); 32 leaves
-# room for deeper recipes and stays far below Python's recursion limit, which key_of's json.dumps
-# of the inputs would otherwise meet.
-DEPTH_CAP = 32
 ENTRY_FIELDS = {"stage", "key", "sidecar", "sizes", "log", "also"}
 SIDECAR_FIELDS = {"inputs", "run", "files", "digest"}  # "run" (measurements) is optional
 NAMED = "a stage of the stage table with a key of 32 lowercase hex characters"
@@ -63,20 +59,6 @@ def quoted(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def too_deep(value) -> bool:
-    """Whether a parsed JSON value nests more than DEPTH_CAP lists and objects, found with a stack of
-    iterators, not recursion, so that how deep it is cannot exhaust Python's stack."""
-    stack = [iter([value])]
-    while stack and len(stack) <= DEPTH_CAP + 1:
-        for item in stack[-1]:
-            if isinstance(item, (dict, list)):
-                stack.append(iter(item.values() if isinstance(item, dict) else item))
-                break
-        else:
-            stack.pop()
-    return bool(stack)
-
-
 def is_size(value) -> bool:
     return type(value) is int and 0 <= value <= FILE_CAP
 
@@ -90,13 +72,11 @@ def checked(data: bytes, stage: str, key: str, stages, where: str) -> dict:
         return Rejected(f"{where}: {problem}; not installed: {todo}")
 
     try:
-        entry = json.loads(data)
-    except RecursionError:
-        raise refuse(f"nested deeper than {DEPTH_CAP} levels") from None
+        entry = jsontext.loads(data)
+    except jsontext.TooDeep as e:
+        raise refuse(str(e)) from None
     except ValueError as e:  # not JSON, not UTF-8, or an integer longer than Python reads
         raise refuse(f"not JSON ({quoted(str(e))})") from None
-    if too_deep(entry):
-        raise refuse(f"nested deeper than {DEPTH_CAP} levels")
     if not isinstance(entry, dict):
         raise refuse(f"not a JSON object but {quoted(entry)}")
     if "sizes" not in entry:

@@ -7,11 +7,10 @@ The remote is --remote <url>, else MINDXTRAIN_REMOTE.
 """
 from __future__ import annotations
 
-import json
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import keys, names, remote
+from stages.engine import jsontext, keys, names, remote
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs
 from stages.engine.project import recipe_tasks, store
@@ -34,7 +33,7 @@ def named_by_manifest(recipe_name: str) -> list[tuple[str, str]]:
     """The entries the recipe's manifest names, which verify checks: where an upstream was rebuilt
     with the same bytes under a new key (early cutoff), the manifest still names the earlier key."""
     st = store()
-    manifest = json.loads((st.path("manifest", st.pointer(recipe_name, "manifest")["key"]) / "manifest.json").read_text())
+    manifest = jsontext.loads((st.path("manifest", st.pointer(recipe_name, "manifest")["key"]) / "manifest.json").read_bytes())
     return [(name, art["key"]) for name, art in manifest["artifacts"].items()]
 
 
@@ -44,7 +43,7 @@ def named_by_pulled_manifest(rem, recipe_name: str, table: dict) -> list[tuple[s
     where = rem.where("manifest", store().pointer(recipe_name, "manifest")["key"])
     try:
         named = named_by_manifest(recipe_name)
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise remote.Rejected(f"{where}: its manifest.json is not a manifest ({type(e).__name__}); nothing fetched "
                               f"for it: push it again from a store that has it intact") from None
     for name, key in named:

@@ -15,13 +15,12 @@ account). With no node to ask, that check says the chain was not checked; `--req
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import receipt
+from stages.engine import jsontext, receipt
 from stages.engine.declared import recipe_view
 from stages.engine.errors import UserError
 from stages.engine.project import recipe, recipe_names, recipe_tasks, root, store
@@ -39,8 +38,8 @@ def problems(recipe_name: str, full: bool, table: dict) -> list[str]:
     if found:
         return found
     try:
-        manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
+        manifest = jsontext.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_bytes())
+    except ValueError:  # not JSON, or nested deeper than jsontext lets the parser go
         return [f"{recipe_name}: manifest: manifest.json is not JSON; rebuild it (doit manifest:{recipe_name})"]
     shape = receipt.shape_problem(manifest, table)
     if shape:
@@ -69,8 +68,8 @@ def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bo
     ptr = st.pointer(recipe_name, "manifest")
     obj = st.path("manifest", ptr["key"])
     try:
-        covered = set(json.loads((obj / "manifest.json").read_text())["artifacts"]) | {"manifest"}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        covered = set(jsontext.loads((obj / "manifest.json").read_bytes())["artifacts"]) | {"manifest"}
+    except (OSError, ValueError, KeyError, TypeError):
         return [], []  # no manifest to check against the world (the store's checks say why)
     digest = merkle({rel: hash_file(obj / rel) for rel in list_files(obj)})
     for name, stage in table.items():

@@ -12,19 +12,17 @@ TORCH_EXTENSIONS_DIR, where Quark's kernels are built and loaded from) would run
 remote's choosing in this process or its children."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from stages.engine import jsontext
 from stages.engine.errors import UserError
 
 PROFILES = Path(__file__).resolve().parents[2] / "ops" / "hardware.yaml"
 ROCM_FA_SWITCH = "TORCH_ROCM_FA_PREFER_CK"  # the probe's choice of ROCm flash-attention library
 VALUE_CAP = 256  # characters of one setting's value
-# Bytes of a plan.json (its decisions and facts take one or two KB). Small enough that no nesting
-# within it can overflow the C stack of json's parser where web3 has imported py_ecc, which raises
-# the recursion limit to 100,000, so no RecursionError comes first (50,000 levels parsed, 99,000
-# crashed the process); 16 KB holds at most 8,192.
+# Bytes of a plan.json: its decisions and facts take one or two KB, so a larger one is not a plan
+# (its nesting is bounded apart, by jsontext).
 PLAN_CAP = 16 << 10
 
 
@@ -65,7 +63,7 @@ def as_planned(plan: Path) -> None:
     if len(data) > PLAN_CAP:
         raise UserError(f"{path}: larger than {PLAN_CAP} bytes, which no plan is; build the plan again here")
     try:
-        env = json.loads(data)["decisions"]["env"]
-    except (ValueError, RecursionError, KeyError, TypeError):
+        env = jsontext.loads(data)["decisions"]["env"]
+    except (ValueError, KeyError, TypeError):
         raise UserError(f"{path}: not a plan (no decisions.env); build the plan again here") from None
     training_mode(env, str(path))
