@@ -17,7 +17,8 @@
 # save of its weights: about 2 minutes on 4 x H200): give it HANG=400 or more.
 #
 #   LIMIT=540 bash bench/gpu_scale.sh --workloads 8b_lora --gpus 1,2,4 --sides ours,fsdp2@4,peer@4   (results
-#   and logs under $OUT; the wheels are installed once per machine, under /tmp/site)
+#   and logs under $OUT; the wheels are installed once per machine, under /tmp/site; NAME=x keeps
+#   this call's results in x.json, apart from other settings' on the same warm machine)
 . bench/gpu_site.sh && install_site || exit 1
 [ -f /tmp/rows.jsonl ] || gunzip -c gpu/scale_rows.jsonl.gz > /tmp/rows.jsonl
 if [ -d /tmp/scale/project ]; then rm -rf /tmp/scale/project/stages; cp -r stages /tmp/scale/project/; fi
@@ -28,8 +29,8 @@ if [ -d /tmp/scale/project ]; then rm -rf /tmp/scale/project/stages; cp -r stage
          && ! grep -q torch.distributed.run /proc/$p/cmdline; then kill -USR1 "$p"; fi; done; done ) >/dev/null 2>&1 &
 watchdog=$!  # its output goes nowhere: it would hold a pipe after this script (| tail) open for ever
 timeout "${LIMIT:-540}" python3 -m bench.scale "$@" --work /tmp/scale --rows /tmp/rows.jsonl \
-  --tokenizer gpu/shared/tokenizers/qwen3 --out /tmp/scale/scale.json 2>&1 | grep -v -i warn | tail -30
-cp /tmp/scale/scale.json "${OUT:-/tmp}/"; tail -c 200000 /tmp/scale/builds.log > "${OUT:-/tmp}/builds.log"
+  --tokenizer gpu/shared/tokenizers/qwen3 --out /tmp/scale/${NAME:-scale}.json 2>&1 | grep -v -i warn | tail -30
+cp /tmp/scale/${NAME:-scale}.json "${OUT:-/tmp}/"; tail -c 200000 /tmp/scale/builds.log > "${OUT:-/tmp}/builds.log"
 c=/tmp/scale/project/artifacts/store/checkpoint  # a build still running logs to .tmp-<key>-<pid>.log
 for f in $(ls -t $c/*.log $c/.tmp-*.log 2>/dev/null | head -3); do
   grep -v -i warn "$f" | tail -c 20000 > "${OUT:-/tmp}/$(basename "$f")"; done
