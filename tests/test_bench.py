@@ -82,7 +82,7 @@ def test_compile_precision_trains_compiled_both_ways(train_speed, tmp_path):
 def test_step_profile_times_the_step_loop_and_the_trainer(tmp_path):
     """As fp8_base_h100_2026-11-25.json's runs (the step loop; the first two variants add the
     profile's top kernels and host operations) and step_profile_trainer_mb4_h100_2026-11-25.json,
-    and the eager step by part (bench/breakdown.py; not yet run on a GPU)."""
+    and the eager step by part as step_profile_breakdown_h100_2026-11-27.json has it."""
     bench("step_profile", "--tiny", "--out", tmp_path / "profile.json")
     r = fields(tmp_path / "profile.json")
     assert set(r) == {"matmul_peak_tflops", "best", "best_amp", "trainer", "breakdown"}
@@ -95,6 +95,8 @@ def test_step_profile_times_the_step_loop_and_the_trainer(tmp_path):
     # (left unattributed, they would be about half of the step, under "other")
     assert all(parts["seconds"][p] > 0 for p in ("attention", "mlp", "lora", "norms_rope", "loss_head", "optimizer"))
     assert parts["share"]["other"] < 0.1 and abs(sum(parts["share"].values()) - 1) < 0.01
+    on_gpu = fields(REPO / "bench" / "results" / "step_profile_breakdown_h100_2026-11-27.json")["breakdown"]
+    assert set(parts) == set(on_gpu) and set(parts["seconds"]) == set(on_gpu["seconds"])
 
 
 def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
