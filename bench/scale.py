@@ -403,11 +403,13 @@ def main() -> None:
 
 def table(results: dict) -> str:
     """The runs as a table, with scaling efficiency (tokens/s over GPUs x one GPU's of the same
-    repeat: ours for fsdp2, which has no one-GPU run) and each of ours over the peer at its GPU count."""
+    repeat: ours for fsdp2, which has no one-GPU run) and each of ours over the peer at its GPU count:
+    by tokens/s over the timed steps, and by median step time (the same global batch a step), which
+    leaves out the steps a compiled peer spends compiling again as its batch shapes change."""
     lines = [f"{results['gpu']}: {results['matmul_peak_tflops']} TFLOP/s bf16 matmul peak; "
              f"{results['global_batch']} x {results['max_length']} per step, {results['settings']}",
              f"{'model':18} {'method':6} {'GPUs':>4} {'side':5} {'split':5} {'tokens/s':>9} {'per GPU':>8} {'MFU':>6} "
-             f"{'GiB/GPU':>8} {'scaling':>8} {'vs peer':>8}"]
+             f"{'GiB/GPU':>8} {'scaling':>8} {'vs peer':>8} {'median step vs peer':>20}"]
     runs = [{"side": "peer" if r["peer"] else "ours", "sharding": None, **r} for r in results["runs"]]  # files
     # written before the fsdp2 side have neither field
 
@@ -423,9 +425,10 @@ def table(results: dict) -> str:
         scaling = f"{r['tokens_per_s'] / (r['gpus'] * one['tokens_per_s']):.0%}" if one and r["gpus"] > 1 else ""
         peer = find(r, "peer", r["gpus"]) if r["side"] != "peer" else None
         versus = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x" if peer else ""
+        stepwise = f"{peer['step_seconds_median'] / r['step_seconds_median']:.2f}x" if peer else ""
         lines.append(f"{r['model']:18} {r['method']:6} {r['gpus']:>4} {r['side']:5} {r['sharding'] or '':5} "
                      f"{r['tokens_per_s']:>9.0f} {r['tokens_per_s_per_gpu']:>8.0f} {r['mfu']:>6.1%} "
-                     f"{r['peak_gib_per_gpu']:>8.1f} {scaling:>8} {versus:>8}")
+                     f"{r['peak_gib_per_gpu']:>8.1f} {scaling:>8} {versus:>8} {stepwise:>20}")
     return "\n".join(lines)
 
 
