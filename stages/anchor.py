@@ -84,7 +84,7 @@ def verify(recipe, recipe_name: str, root: Path, artifact: Path | None, digest: 
     where = f"registry {pinned['registry']} on chain {pinned['chain_id']}"
     trusted = trust.submitters(root, **pinned)
     try:
-        anchored = dict(jsontext.loads((artifact / "anchor.json").read_bytes()))
+        anchored = dict(jsontext.read(artifact / "anchor.json"))
     except (ValueError, TypeError):
         return ["anchor.json is not an anchor record"], None
     named = (anchored.get("chain_id"), str(anchored.get("registry")).lower())
@@ -110,5 +110,5 @@ def verify(recipe, recipe_name: str, root: Path, artifact: Path | None, digest: 
 
 def summary(path: Path) -> list[str]:
     """What doit show prints under the anchor stage."""
-    a = json.loads((path / "anchor.json").read_text())
+    a = jsontext.read(path / "anchor.json")
     return [f"chain {a['chain_id']} registry {a['registry']} block {a['block_number']} tx {a['tx_hash']}"]

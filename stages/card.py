@@ -4,17 +4,17 @@ was trained, from what, how it scored, the receipt's digest and its anchor where
 stages/view/card.py). `doit publish:<recipe>` uploads it with the model."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from stages.engine import jsontext
 from stages.view.card import render
 
 
 def build(ctx, out: Path) -> None:
     up = ctx.upstream
-    manifest = json.loads((up["manifest"] / "manifest.json").read_text())
-    scores = json.loads((up["eval"] / "eval.json").read_text())
-    anchor = json.loads((up["anchor"] / "anchor.json").read_text()) if "anchor" in up else None
+    manifest = jsontext.read(up["manifest"] / "manifest.json")
+    scores = jsontext.read(up["eval"] / "eval.json")
+    anchor = jsontext.read(up["anchor"] / "anchor.json") if "anchor" in up else None
     text = render(manifest, ctx.artifacts["manifest"]["digest"], scores, anchor, ctx.recipe.publish.license)
     (out / "README.md").write_text(text)
     ctx.log.debug("README.md: the model card, %d bytes", len(text))

@@ -8,11 +8,10 @@ checks.as_errors the build stops there. Skipped when the checkpoint is already b
 """
 from __future__ import annotations
 
-import json
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import project
+from stages.engine import jsontext, project
 from stages.engine.build import is_built
 
 
@@ -39,7 +38,7 @@ def warnings(recipe, stats: dict, recipe_name: str) -> list[str]:
 def run(recipe_name: str):
     st = project.store()
     ptr = st.pointer(recipe_name, "shards")
-    stats = json.loads((st.path("shards", ptr["key"]) / "stats.json").read_text())
+    stats = jsontext.read(st.path("shards", ptr["key"]) / "stats.json")
     r = project.recipe(recipe_name)
     found = warnings(r, stats, recipe_name)
     if found and r.checks.as_errors:

@@ -11,9 +11,9 @@ with more GPUs runs as a child that sees one of them (distributed.one_of_several
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from stages.engine import jsontext
 from stages.train import distributed, trainer
 from stages.train.methods import METHODS
 
@@ -28,7 +28,7 @@ def build(ctx, out: Path) -> None:
 
     t = ctx.recipe.train
     method = METHODS[t.method]
-    plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())["decisions"]
+    plan = jsontext.read(ctx.upstream["plan"] / "plan.json")["decisions"]
     resume = trainer.last_complete_checkpoint(ctx.work)
     if resume:  # said here, where the console is, for in-process and torchrun training alike
         ctx.log.info("resuming from %s", resume.name)
@@ -45,7 +45,7 @@ def build(ctx, out: Path) -> None:
 
 def summary(path: Path) -> list[str]:
     """The loss curve's ends (metrics.jsonl), for `doit show`."""
-    steps = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    steps = [jsontext.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     if not steps:
         return ["metrics.jsonl: no steps logged"]
     return [f"metrics.jsonl: loss {steps[0]['loss']:.4f} at step {steps[0]['step']} -> "

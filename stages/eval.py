@@ -20,6 +20,7 @@ import importlib
 import json
 from pathlib import Path
 
+from stages.engine import jsontext
 from stages.model.numerics import as_planned
 from stages.model.trained import device, load_trained, on_cuda, placement, size_on_disk, trained_size_on_disk
 from stages.scoring import harness, reward_ranking
@@ -50,7 +51,7 @@ def build(ctx, out: Path) -> None:
     method = METHODS[ctx.recipe.train.method]
     tok = AutoTokenizer.from_pretrained(ctx.upstream["base"])
     lines = (ctx.upstream["shards"] / "heldout" / "heldout.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines][:settings.limit]
+    rows = [jsontext.loads(line) for line in lines][:settings.limit]
     base, checkpoint, quantized = ctx.upstream["base"], ctx.upstream["checkpoint"], ctx.upstream["quantized"]
     report = {"settings": settings.model_dump(mode="json")}
     if method.head == "score":
@@ -61,7 +62,7 @@ def build(ctx, out: Path) -> None:
             ctx.log.debug("%s: %s", name, report[name])
     else:
         kind = importlib.import_module(method.kind_module)
-        context = json.loads((base / "config.json").read_text())["max_position_embeddings"]
+        context = jsontext.read(base / "config.json")["max_position_embeddings"]
         docs = kind.heldout_docs(rows, tok, context)
         if len(docs) < len(rows):
             report["heldout_longer_than_context"] = len(rows) - len(docs)
@@ -93,7 +94,7 @@ def build(ctx, out: Path) -> None:
 
 def summary(path: Path) -> list[str]:
     """eval.json's scores and sizes, for `doit show`."""
-    report = json.loads((path / "eval.json").read_text())
+    report = jsontext.read(path / "eval.json")
     models = [(m, report[m]) for m in ("base", "trained") if m in report]
     models += [(f"quantized {s}", q) for s, q in report.get("quantized", {}).items()]
     return [f"eval.json on {report['heldout_rows']} held-out rows: " + "; ".join(

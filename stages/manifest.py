@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stages.engine import jsontext
 from stages.model.quark import described
 
 
 def build(ctx, out: Path) -> None:
     artifacts = {stage: {"key": a["key"], "digest": a["digest"], "files": a["files"], "inputs": a["inputs"]}
                  for stage, a in ctx.artifacts.items()}
-    plan = json.loads((ctx.upstream["plan"] / "plan.json").read_text())
-    scores = json.loads((ctx.upstream["eval"] / "eval.json").read_text())
+    plan = jsontext.read(ctx.upstream["plan"] / "plan.json")
+    scores = jsontext.read(ctx.upstream["eval"] / "eval.json")
     manifest = {
         "eval": {m: scores[m] for m in ("base", "trained", "quantized", "gain") if m in scores},
         "recipe_name": ctx.recipe_name,
@@ -34,7 +35,7 @@ def build(ctx, out: Path) -> None:
         "artifacts": artifacts,
         "plan": plan["decisions"],
         "hardware": plan["facts"],
-        "quantized": {d.name: described(json.loads((d / "config.json").read_text())["quantization_config"])
+        "quantized": {d.name: described(jsontext.read(d / "config.json")["quantization_config"])
                       for d in sorted(ctx.upstream["quantized"].iterdir()) if d.is_dir()},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import inputs, keys, project, verify
+from stages.engine import inputs, jsontext, keys, project, verify
 from stages.engine.errors import UserError
 from stages.engine.recipe import HUB_REPO
 
@@ -37,7 +37,7 @@ def uploads(recipe_name: str, table: dict) -> tuple[list[tuple[str, Path]], dict
     card = inputs.built_for(recipe_name, table["card"], table)
     if card is None:
         raise UserError(f"publish:{recipe_name}: no model card of this build; run doit card:{recipe_name}")
-    manifest = json.loads((st.path("manifest", manifest_ptr["key"]) / "manifest.json").read_text())
+    manifest = jsontext.read(st.path("manifest", manifest_ptr["key"]) / "manifest.json")
     arts = manifest["artifacts"]
     obj = {stage: st.path(stage, art["key"]) for stage, art in arts.items()}
     files = [("README.md", st.path("card", card["key"]) / "README.md")]

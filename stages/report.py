@@ -15,6 +15,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from stages.engine import jsontext
 from stages.view.html import loss_svg, render
 
 FIRST_DROPPED = 50  # dropped rows listed on the page; dropped.jsonl has them all
@@ -25,14 +26,14 @@ GPU_ONLY = ("sdpa_backend", "rocm_fa_library", "compile", "fused_cross_entropy",
 
 def build(ctx, out: Path) -> None:
     up, runs = ctx.upstream, ctx.inputs["runs"]
-    manifest = json.loads((up["manifest"] / "manifest.json").read_text())
-    evaluation = json.loads((up["eval"] / "eval.json").read_text())
-    stats = json.loads((up["shards"] / "stats.json").read_text())
-    steps = [json.loads(line) for line in (up["checkpoint"] / "metrics.jsonl").read_text().splitlines()]
+    manifest = jsontext.read(up["manifest"] / "manifest.json")
+    evaluation = jsontext.read(up["eval"] / "eval.json")
+    stats = jsontext.read(up["shards"] / "stats.json")
+    steps = [jsontext.loads(line) for line in (up["checkpoint"] / "metrics.jsonl").read_text().splitlines()]
     dropped = []
     with open(up["shards"] / "dropped.jsonl") as f:
         for line, _ in zip(f, range(FIRST_DROPPED)):
-            row = json.loads(line)
+            row = jsontext.loads(line)
             first = row.get("duplicate_of") or {}
             row["duplicate_of"] = f"{first.get('source')}:{first.get('line') or first.get('row')}" if first else ""
             dropped.append(row)
@@ -42,7 +43,7 @@ def build(ctx, out: Path) -> None:
     measurements = (runs["plan"].get("probe") or {}).get("measurements", [])
     anchor = None
     if "anchor" in up:  # absent unless anchored for this manifest
-        anchor = json.loads((up["anchor"] / "anchor.json").read_text())
+        anchor = jsontext.read(up["anchor"] / "anchor.json")
         anchor["time"] = datetime.fromtimestamp(anchor["timestamp"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     plan = manifest["plan"]
     on_cpu = plan.get("device") == "cpu"

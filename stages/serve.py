@@ -14,7 +14,6 @@ SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recip
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from contextlib import contextmanager
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import project
+from stages.engine import jsontext, project
 from stages.engine.errors import UserError
 from stages.engine.store import write_json
 from stages.engine.terminal import captured
@@ -41,7 +40,7 @@ def checked(recipe_name: str, quantized: bool, full: bool, scheme: str | None = 
               f"doit verify:{recipe_name} lists every difference, doit manifest:{recipe_name} rebuilds")
     for problem in st.damage("manifest", ptr["key"], full=full):
         raise UserError(refuse.format(f"manifest: {problem}"))
-    manifest = json.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_text())
+    manifest = jsontext.read(st.path("manifest", ptr["key"]) / "manifest.json")
     arts = manifest["artifacts"]
     s = served(recipe_name, manifest, ptr["digest"], quantized, lambda stage: st.path(stage, arts[stage]["key"]), scheme)
     for stage in s.stages:

@@ -28,6 +28,7 @@ from stages.data.prepared import Prepared
 from stages.data.selection import LENGTH_REASONS, counted, length_rules, write_drop_list
 from stages.data.shard_writer import write_shards
 from stages.data.sources import label_of, prepare_source
+from stages.engine import jsontext
 from stages.engine.errors import RecipeError, UserError
 from stages.train.methods import METHODS
 
@@ -79,7 +80,7 @@ def build(ctx, out: Path) -> None:
                                   lambda tmp, src=src: prepare_source(ctx, src, kind, tmp))
         ctx.log.debug("%s: %s", label_of(src), "prepared rows reused from the store" if reused
                      else "read, cleaned and tokenized")
-        part_stats = json.loads((part / "stats.json").read_text())
+        part_stats = jsontext.read(part / "stats.json")
         if not part_stats["rows_in"]:
             raise UserError(f"{label_of(src)}: no rows (the source is empty); fill it or remove it from data.sources")
         rows_in[label_of(src)] = part_stats["rows_in"]
@@ -137,7 +138,7 @@ def build(ctx, out: Path) -> None:
 
 def summary(path: Path) -> list[str]:
     """stats.json's counts, for `doit show`."""
-    stats = json.loads((path / "stats.json").read_text())
+    stats = jsontext.read(path / "stats.json")
     dropped = ", ".join(f"{reason} {n}" for reason, n in stats["dropped"].items()) or "none"
     return [f"stats.json: {stats['rows_in_total']} rows in, {stats['kept']['train']} train, "
             f"{stats['kept']['heldout']} held out; dropped: {dropped}"]

@@ -3,6 +3,7 @@ recursion limit (stages/engine/jsontext.py)."""
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,27 @@ def nested(depth: int, inner: str = "1") -> str:
 ], ids=["at-cap", "over-cap", "objects-at-cap", "objects-over-cap", "string", "escaped-quote", "wide",
         "unbalanced"])
 def test_depth_is_counted_on_the_text(text, deep):
-    assert deeper_than(text.encode()) is deep
+    assert deeper_than(text) is deep
+
+
+def test_a_text_of_escaped_quotes_is_counted_in_linear_time():
+    """An unterminated string of escaped quotes, which a backtracking pattern rescans from every
+    quote (hours for 4 MiB): possessive, once."""
+    start = time.perf_counter()
+    assert not deeper_than('"' + '\\"' * (2 << 20))
+    assert time.perf_counter() - start < 2
+
+
+def test_bytes_are_read_as_utf8_only():
+    """json would decode UTF-16 and UTF-32, whose bytes can hide quotes and backslashes from a count
+    of the bytes (U+2200 holds the byte of '"'): the text is decoded as UTF-8, counted and parsed as
+    that same text, so a deep text so encoded is refused."""
+    hiding = '["\u2200",' + "[" * 100 + '""' + "]" * 101
+    for encoding in ("utf-16-le", "utf-16", "utf-32"):
+        with pytest.raises(ValueError) as e:
+            loads(hiding.encode(encoding))
+        assert not isinstance(e.value, RecursionError)
+    assert loads(json.dumps({"a": "é"}).encode()) == {"a": "é"}
 
 
 def test_loads_parses_what_is_shallow_and_refuses_what_is_not():
@@ -50,9 +71,12 @@ def test_a_deep_text_is_refused_after_web3_raised_the_recursion_limit():
         "from stages.engine import jsontext, remote\n"
         "deep = b'[' * 2_000_000 + b']' * 2_000_000\n"
         "try:\n    jsontext.loads(deep)\nexcept jsontext.TooDeep as e:\n    print('loads:', e)\n"
+        "hiding = ('[\"\\u2200\",' + '[' * 1_000_000 + '\"\"' + ']' * 1_000_001).encode('utf-16-le')\n"
+        "try:\n    jsontext.loads(hiding)\nexcept ValueError as e:\n    print('utf-16: refused')\n"
         "try:\n    remote.checked(deep, 'plan', '0' * 32, {}, 'remote entry ac/plan/x.json')\n"
         "except remote.Rejected as e:\n    print('checked:', e)\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert f"loads: nested deeper than {DEPTH_CAP} levels" in run.stdout
+    assert "utf-16: refused" in run.stdout
     assert f"checked: remote entry ac/plan/x.json: nested deeper than {DEPTH_CAP} levels; not installed" in run.stdout

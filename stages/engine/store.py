@@ -22,6 +22,7 @@ from pathlib import Path
 
 import blake3
 
+from stages.engine import jsontext
 from stages.engine.errors import UserError
 
 HASH_WINDOW = 64 << 20
@@ -95,7 +96,7 @@ def write_json(path: Path, obj) -> None:
 
 def read_json(path: Path):
     try:
-        return json.loads(path.read_text())
+        return jsontext.read(path)
     except (OSError, ValueError):
         return None
 

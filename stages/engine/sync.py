@@ -33,7 +33,7 @@ def named_by_manifest(recipe_name: str) -> list[tuple[str, str]]:
     """The entries the recipe's manifest names, which verify checks: where an upstream was rebuilt
     with the same bytes under a new key (early cutoff), the manifest still names the earlier key."""
     st = store()
-    manifest = jsontext.loads((st.path("manifest", st.pointer(recipe_name, "manifest")["key"]) / "manifest.json").read_bytes())
+    manifest = jsontext.read(st.path("manifest", st.pointer(recipe_name, "manifest")["key"]) / "manifest.json")
     return [(name, art["key"]) for name, art in manifest["artifacts"].items()]
 
 

@@ -38,7 +38,7 @@ def problems(recipe_name: str, full: bool, table: dict) -> list[str]:
     if found:
         return found
     try:
-        manifest = jsontext.loads((st.path("manifest", ptr["key"]) / "manifest.json").read_bytes())
+        manifest = jsontext.read(st.path("manifest", ptr["key"]) / "manifest.json")
     except ValueError:  # not JSON, or nested deeper than jsontext lets the parser go
         return [f"{recipe_name}: manifest: manifest.json is not JSON; rebuild it (doit manifest:{recipe_name})"]
     shape = receipt.shape_problem(manifest, table)
@@ -68,7 +68,7 @@ def outside_checks(recipe_name: str, table: dict, full: bool, require_anchor: bo
     ptr = st.pointer(recipe_name, "manifest")
     obj = st.path("manifest", ptr["key"])
     try:
-        covered = set(jsontext.loads((obj / "manifest.json").read_bytes())["artifacts"]) | {"manifest"}
+        covered = set(jsontext.read(obj / "manifest.json")["artifacts"]) | {"manifest"}
     except (OSError, ValueError, KeyError, TypeError):
         return [], []  # no manifest to check against the world (the store's checks say why)
     digest = merkle({rel: hash_file(obj / rel) for rel in list_files(obj)})
