@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stages.engine.jsontext import DEPTH_CAP, TooDeep, deeper_than, loads
+from stages.engine import jsontext
+from stages.engine.jsontext import DEPTH_CAP, TooDeep, deeper_than, loads, read
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,6 +60,18 @@ def test_loads_parses_what_is_shallow_and_refuses_what_is_not():
         loads(nested(100))
     with pytest.raises(ValueError):
         loads(b"{not json")
+
+
+def test_a_file_past_the_size_cap_is_refused_unread(tmp_path, monkeypatch):
+    """A remote may declare a JSON file of an artifact of up to 1 TiB: read() reads at most one byte
+    past its cap, then refuses, naming the file."""
+    monkeypatch.setattr(jsontext, "SIZE_CAP", 1 << 10)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"a": "x" * 1000}))
+    assert read(path) == {"a": "x" * 1000}
+    path.write_text(json.dumps({"a": "x" * 1100}))
+    with pytest.raises(ValueError, match=f"{path}: larger than 1,024 bytes"):
+        read(path)
 
 
 def test_a_deep_text_is_refused_after_web3_raised_the_recursion_limit():

@@ -17,6 +17,9 @@ from pathlib import Path
 # manifests about as many; 32 leaves room for deeper recipes and stays far below any recursion
 # limit, which key_of's json.dumps of the inputs would otherwise meet.
 DEPTH_CAP = 32
+# Bytes of one JSON file of an artifact: a manifest, eval.json or a model's config.json take KBs; a
+# remote may declare a file of up to 1 TiB, which read whole would take the memory instead.
+SIZE_CAP = 64 << 20
 # A JSON string, escapes included, or an unterminated one to the end of the text. Possessive, so a
 # text of escaped quotes is scanned once, not once from each quote.
 STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.S)
@@ -52,5 +55,10 @@ def loads(data: bytes | str, cap: int = DEPTH_CAP):
 
 
 def read(path: Path, cap: int = DEPTH_CAP):
-    """loads of the file at `path`: how a stage reads a JSON file of an artifact."""
-    return loads(path.read_bytes(), cap)
+    """loads of the file at `path`, refused with a ValueError past SIZE_CAP bytes, unread beyond
+    them: how a stage reads a JSON file of an artifact."""
+    with open(path, "rb") as f:
+        data = f.read(SIZE_CAP + 1)
+    if len(data) > SIZE_CAP:
+        raise ValueError(f"{path}: larger than {SIZE_CAP:,} bytes, which no JSON file of an artifact is")
+    return loads(data, cap)
