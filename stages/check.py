@@ -8,7 +8,6 @@ checks.as_errors the build stops there. Skipped when the checkpoint is already b
 """
 from __future__ import annotations
 
-
 from doit.exceptions import TaskFailed
 
 from stages.engine import jsontext, project

@@ -30,6 +30,10 @@ class TooDeep(ValueError):
     """A JSON text whose lists and objects nest deeper than the cap: refused unparsed."""
 
 
+class TooLarge(ValueError):
+    """A JSON file larger than its cap: refused, unread past it."""
+
+
 def deeper_than(text: str, cap: int = DEPTH_CAP) -> bool:
     """Whether lists and objects nest more than `cap` levels in the JSON text `text`, brackets
     inside strings not counted: exact for JSON; for a text that is not, at least as deep as any
@@ -54,11 +58,12 @@ def loads(data: bytes | str, cap: int = DEPTH_CAP):
     return json.loads(text)
 
 
-def read(path: Path, cap: int = DEPTH_CAP):
-    """loads of the file at `path`, refused with a ValueError past SIZE_CAP bytes, unread beyond
-    them: how a stage reads a JSON file of an artifact."""
+def read(path: Path, cap: int = DEPTH_CAP, size_cap: int | None = None):
+    """loads of the file at `path`, refused with TooLarge past `size_cap` bytes (default SIZE_CAP),
+    unread beyond them: how a stage reads a JSON file of an artifact."""
+    size_cap = SIZE_CAP if size_cap is None else size_cap
     with open(path, "rb") as f:
-        data = f.read(SIZE_CAP + 1)
-    if len(data) > SIZE_CAP:
-        raise ValueError(f"{path}: larger than {SIZE_CAP:,} bytes, which no JSON file of an artifact is")
+        data = f.read(size_cap + 1)
+    if len(data) > size_cap:
+        raise TooLarge(f"{path}: larger than {size_cap:,} bytes, which no JSON file of an artifact is")
     return loads(data, cap)

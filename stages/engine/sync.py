@@ -7,7 +7,6 @@ The remote is --remote <url>, else MINDXTRAIN_REMOTE.
 """
 from __future__ import annotations
 
-
 from doit.exceptions import TaskFailed
 
 from stages.engine import jsontext, keys, names, remote

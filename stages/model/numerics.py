@@ -58,12 +58,10 @@ def as_planned(plan: Path) -> None:
     """training_mode with the environment block of the plan artifact at `plan` (its plan.json):
     how the stages after training set it."""
     path = plan / "plan.json"
-    with open(path, "rb") as f:
-        data = f.read(PLAN_CAP + 1)
-    if len(data) > PLAN_CAP:
-        raise UserError(f"{path}: larger than {PLAN_CAP} bytes, which no plan is; build the plan again here")
     try:
-        env = jsontext.loads(data)["decisions"]["env"]
+        env = jsontext.read(path, size_cap=PLAN_CAP)["decisions"]["env"]
+    except jsontext.TooLarge:
+        raise UserError(f"{path}: larger than {PLAN_CAP} bytes, which no plan is; build the plan again here") from None
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{path}: not a plan (no decisions.env); build the plan again here") from None
     training_mode(env, str(path))
