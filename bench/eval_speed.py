@@ -12,7 +12,8 @@ where the engine's batch also gains what HFLM's padded rows waste). Reported: se
 side and run, HFLM over the engine (min and median over --repeat), and how many answers are the
 same string (bf16: the two batch differently, so near-ties may break differently).
 
-    python -m bench.eval_speed [--shape qwen3-8b | --model DIR] [--limit 128] [--max-new-tokens 32] [--repeat 3] [--out FILE]
+    python -m bench.eval_speed [--shape qwen3-8b | --model DIR] [--limit 128] [--max-new-tokens 32] [--repeat 3]
+                               [--engine-options JSON] [--out FILE]
 
 --tiny: the tiny model and its character tokenizer on the CPU, data/tiny's questions (a smoke
 test of this script, not a measurement).
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--engine-options", type=json.loads, default={},
+                    help="further fields of transformers' ContinuousBatchingConfig for the engine, as JSON")
     ap.add_argument("--model", type=Path, help="a saved model directory instead of --shape (a Quark export from "
                                                 "the quantized stage: its tokenizer is read from there too)")
     a = ap.parse_args()
@@ -110,7 +113,7 @@ def main() -> None:
         model = load_model(shape, device, tok)
     reqs = requests(tok, a.rows, a.limit, a.max_new_tokens)
     args = dict(pretrained=model, tokenizer=tok, batch_size=a.batch_size, max_length=model.config.max_position_embeddings)
-    sides = {"hflm": HFLM(**args), "engine": EngineLM(**args, eos_ids=end_ids(model, tok))}
+    sides = {"hflm": HFLM(**args), "engine": EngineLM(**args, eos_ids=end_ids(model, tok), options=a.engine_options)}
     kind = "cpu" if a.tiny else next((k for k in ("h200", "h100") if k in torch.cuda.get_device_name(0).lower()), "gpu")
     out = a.out or (tiny.results_path("eval_speed.json") if a.tiny else
                     REPO / "bench" / "results" / f"eval_speed_{kind}_{datetime.date.today().isoformat()}.json")
@@ -129,6 +132,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
             "model": str(a.model) if a.model else f"{'tiny' if a.tiny else a.shape} shape, random weights",
             "requests": len(reqs), "max_new_tokens": a.max_new_tokens, "batch_size": a.batch_size,
+            "engine_options": a.engine_options,
             "runs": runs, "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
             "same_answers": sum(x == y for x, y in zip(answers["hflm"], answers["engine"])),
         }

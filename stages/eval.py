@@ -83,7 +83,10 @@ def build(ctx, out: Path) -> None:
         for where, name, load, size in ctx.progress(models, desc="scoring", unit=" models"):
             ctx.log.debug("scoring %s on %d held-out rows, generating %s", name, len(docs),
                           "in the engine" if engine else "with lm-eval's generate")
-            scores = kind.scores(harness.results(load(), tok, configs, settings, engine=engine))
+            model = load()
+            ctx.log.debug("%s loaded", name)
+            scores = kind.scores(harness.results(model, tok, configs, settings, engine=engine))
+            del model
             where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
             ctx.log.debug("%s: %s", name, where[name])
         report["quantization_cost"] = {scheme: {m: q[m] - report["trained"][m] for m in q if m != "size_bytes"}

@@ -7,19 +7,24 @@ transformers (its Quark integration), and vLLM reads it through `quant_method: "
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 
-def export(model, scheme: str, calibration: list, dest: Path) -> None:
+def export(model, scheme: str, calibration: list, dest: Path, log: logging.Logger) -> None:
     """Quantize `model` in place with Quark's `scheme` (calibrated on the batches of token ids in
-    `calibration`) and write it to `dest` as safetensors with real quantized weights."""
+    `calibration`) and write it to `dest` as safetensors with real quantized weights; `log` gets
+    a line as each part ends, so the stage's log says where its time went."""
     os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # same bytes, no C++/inductor build at run time
     from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
 
+    log.debug("Quark imported (its first import on a machine builds its C++ kernels)")
     config = LLMTemplate.get(model.config.model_type).get_config(scheme=scheme)
     model = ModelQuantizer(config).quantize_model(model, [ids.to(model.device) for ids in calibration])
+    log.debug("calibrated")
     model = ModelQuantizer.freeze(model)
+    log.debug("frozen")
     export_safetensors(model, dest, custom_mode="quark", weight_format="real_quantized")
 
 

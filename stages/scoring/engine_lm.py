@@ -19,6 +19,7 @@ import json
 
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from tqdm import tqdm
 
 from stages.inference.batching import Engine, Sampling
 
@@ -26,9 +27,10 @@ GREEDY_KEYS = {"do_sample", "temperature", "until", "max_gen_toks"}  # normalize
 
 
 class EngineLM(HFLM):
-    def __init__(self, *args, eos_ids: set[int], **kwargs):
+    def __init__(self, *args, eos_ids: set[int], options: dict | None = None, **kwargs):
+        """`options`: the engine's (stages/inference/batching.Engine), for bench/eval_speed.py to try."""
         super().__init__(*args, **kwargs)
-        self.eos_ids = eos_ids
+        self.eos_ids, self.options = eos_ids, options
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         groups: dict[str, list[int]] = {}  # requests of the same generation kwargs decode alike
@@ -38,6 +40,8 @@ class EngineLM(HFLM):
         elsewhere = []  # what HFLM answers itself
         engine = None
         eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        # as HFLM's own bar does, this one leaves the generation's time in the stage's log
+        bar = tqdm(total=len(requests), disable=disable_tqdm, desc="Running generate_until requests in the engine")
         try:
             for indices in groups.values():
                 kwargs = normalize_gen_kwargs(requests[indices[0]].args[1], self.max_gen_toks)
@@ -51,12 +55,14 @@ class EngineLM(HFLM):
                     f"sequence length ({self.max_length})")
                 prompts = [self.tok_encode(requests[i].args[0], left_truncate_len=self.max_length - max_gen_toks)
                            for i in indices]
-                engine = engine or Engine(self.model, self.tokenizer, self.eos_ids)
+                engine = engine or Engine(self.model, self.tokenizer, self.eos_ids, options=self.options)
                 for i, generated in zip(indices, engine.generate(prompts, Sampling(max_gen_toks, stop=until))):
                     answers[i] = postprocess_generated_text(generation=self.tok_decode(generated.ids), stop=until,
                                                             think_end_token=None)
                     self.cache_hook.add_partial("generate_until", requests[i].args, answers[i])
+                bar.update(len(indices))
         finally:
+            bar.close()
             if engine is not None:
                 engine.close()
         if elsewhere:
