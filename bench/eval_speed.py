@@ -1,19 +1,17 @@
 """The eval stage's generation, side by side on one model in one run: lm-eval's HFLM
-(generate over padded batches of eval.batch_size) against stages/scoring/engine_lm.EngineLM (the
-same requests in the generation engine's continuous batch), alternating, after one untimed call
-of each on a few of the requests.
+(generate over padded batches of eval.batch_size) against stages/scoring/wide_lm.WideLM (the same
+generate in batches as wide as the KV budget allows, as the eval stage runs it), alternating,
+after one untimed call of each on a few of the requests.
 
 Requests are the chat kind's exact-match task (stages/data/kinds/chat.py): real questions
 (GSM8K's test split) rendered through the model's chat template, greedy, until the end-of-turn
 string, at most --max-new-tokens (recipes/qwen3_8b_shape.yaml: 128 rows, 32 tokens, batch 32).
 The model is a Qwen3 shape with random weights in bf16 on the GPU: its answers never end early,
-so every request runs its whole budget (a trained model's answers end at different lengths,
-where the engine's batch also gains what HFLM's padded rows waste). Reported: seconds per
-side and run, HFLM over the engine (min and median over --repeat), and how many answers are the
-same string (bf16: the two batch differently, so near-ties may break differently).
+so every request runs its whole budget. Reported: seconds per side and run, HFLM over the wide
+batch (min and median over --repeat), and how many answers are the same string (bf16: the two
+batch differently, so near-ties may break differently).
 
-    python -m bench.eval_speed [--shape qwen3-8b | --model DIR] [--limit 128] [--max-new-tokens 32] [--repeat 3]
-                               [--engine-options JSON] [--out FILE]
+    python -m bench.eval_speed [--shape qwen3-8b | --model DIR] [--limit 128] [--max-new-tokens 32] [--repeat 3] [--out FILE]
 
 --tiny: the tiny model and its character tokenizer on the CPU, data/tiny's questions (a smoke
 test of this script, not a measurement).
@@ -73,7 +71,7 @@ def timed(lm, reqs) -> tuple[float, list[str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="eval's generation: lm-eval's HFLM against the generation engine")
+    ap = argparse.ArgumentParser(description="eval's generation: lm-eval's HFLM against its wide batches")
     ap.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     ap.add_argument("--tokenizer", type=Path, default=SHARED / "tokenizers" / "qwen3")
     ap.add_argument("--rows", type=Path, default=SHARED / "datasets" / "gsm8k" / "test.jsonl")
@@ -83,8 +81,6 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--engine-options", type=json.loads, default={},
-                    help="further fields of transformers' ContinuousBatchingConfig for the engine, as JSON")
     ap.add_argument("--model", type=Path, help="a saved model directory instead of --shape (a Quark export from "
                                                 "the quantized stage: its tokenizer is read from there too)")
     a = ap.parse_args()
@@ -92,8 +88,7 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoTokenizer
 
-    from stages.inference.batching import end_ids
-    from stages.scoring.engine_lm import EngineLM
+    from stages.scoring.wide_lm import WideLM
 
     device = "cpu" if a.tiny else "cuda"
     if a.tiny:
@@ -113,7 +108,7 @@ def main() -> None:
         model = load_model(shape, device, tok)
     reqs = requests(tok, a.rows, a.limit, a.max_new_tokens)
     args = dict(pretrained=model, tokenizer=tok, batch_size=a.batch_size, max_length=model.config.max_position_embeddings)
-    sides = {"hflm": HFLM(**args), "engine": EngineLM(**args, eos_ids=end_ids(model, tok), options=a.engine_options)}
+    sides = {"hflm": HFLM(**args), "wide": WideLM(**args)}
     kind = "cpu" if a.tiny else next((k for k in ("h200", "h100") if k in torch.cuda.get_device_name(0).lower()), "gpu")
     out = a.out or (tiny.results_path("eval_speed.json") if a.tiny else
                     REPO / "bench" / "results" / f"eval_speed_{kind}_{datetime.date.today().isoformat()}.json")
@@ -125,16 +120,16 @@ def main() -> None:
         run = {}
         for name, lm in sides.items():
             run[name], answers[name] = timed(lm, reqs)
-        runs.append({**{k: round(v, 3) for k, v in run.items()}, "hflm_over_engine": round(run["hflm"] / run["engine"], 2)})
+        runs.append({**{k: round(v, 3) for k, v in run.items()}, "hflm_over_wide": round(run["hflm"] / run["wide"], 2)})
         print(runs[-1], flush=True)
-        ratios = [r["hflm_over_engine"] for r in runs]
+        ratios = [r["hflm_over_wide"] for r in runs]
         result = {
             "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
             "model": str(a.model) if a.model else f"{'tiny' if a.tiny else a.shape} shape, random weights",
             "requests": len(reqs), "max_new_tokens": a.max_new_tokens, "batch_size": a.batch_size,
-            "engine_options": a.engine_options,
             "runs": runs, "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
-            "same_answers": sum(x == y for x, y in zip(answers["hflm"], answers["engine"])),
+            "wide_batch": sides["wide"].generation_batch(reqs),
+            "same_answers": sum(x == y for x, y in zip(answers["hflm"], answers["wide"])),
         }
         out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))

@@ -7,9 +7,9 @@ by stages/scoring/harness.py, no hub access), and the metrics eval.json reports.
 match of the greedy answer to the reference (prompt rendered with the model's chat template),
 and per-token perplexity of the reference answer and its end-of-turn token given the prompt: the
 tokens training puts loss on; text: perplexity; preference pairs: margin and preference accuracy;
-prompts: GRPO's reward. On a GPU every model's generative tasks decode in the generation
-engine's continuous batch (stages/scoring/engine_lm.py; docs/serving.md has the measurement
-against lm-eval's batched generate). A method with a scoring head (reward) is scored on how it ranks held-out
+prompts: GRPO's reward. Generative tasks run lm-eval's generate in batches as wide as the KV
+cache allows (stages/scoring/wide_lm.py; docs/serving.md has the measurement against the
+generation engine's continuous batch and lm-eval's batches of eval.batch_size). A method with a scoring head (reward) is scored on how it ranks held-out
 pairs (stages/scoring/reward_ranking.py). Scoring the base model too makes eval.json show the
 gain; scoring each quantized model beside the trained one, with its size (size_bytes: the weight
 files), shows what each scheme costs in accuracy for what it saves.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from stages.engine import jsontext
 from stages.model.numerics import as_planned
-from stages.model.trained import device, load_trained, on_cuda, placement, size_on_disk, trained_size_on_disk
+from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
 from stages.scoring import harness, reward_ranking
 from stages.train.methods import METHODS
 
@@ -69,9 +69,6 @@ def build(ctx, out: Path) -> None:
         configs = harness.task_configs(kind.tasks(docs, tok.eos_token, settings.max_new_tokens, ctx.recipe.train.reward),
                                        docs)
         report["heldout_rows"] = len(docs)
-        # On a GPU every model's generative tasks decode in the engine's continuous batch; on the CPU
-        # lm-eval's generate was faster (serving.md)
-        engine = on_cuda()
         models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
             (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
             (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
@@ -81,11 +78,10 @@ def build(ctx, out: Path) -> None:
             models.append((report.setdefault("quantized", {}), scheme,
                            lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
         for where, name, load, size in ctx.progress(models, desc="scoring", unit=" models"):
-            ctx.log.debug("scoring %s on %d held-out rows, generating %s", name, len(docs),
-                          "in the engine" if engine else "with lm-eval's generate")
+            ctx.log.debug("scoring %s on %d held-out rows", name, len(docs))
             model = load()
             ctx.log.debug("%s loaded", name)
-            scores = kind.scores(harness.results(model, tok, configs, settings, engine=engine))
+            scores = kind.scores(harness.results(model, tok, configs, settings))
             del model
             where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
             ctx.log.debug("%s: %s", name, where[name])

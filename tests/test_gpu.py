@@ -56,10 +56,9 @@ def test_plan_probes_training_steps_and_training_applies_them(fresh):
     assert "step 20/20" in log
 
 
-def test_on_a_gpu_the_eval_stage_generates_in_the_engine(fresh):
-    """Every model's generative tasks (base, trained and the Quark export) decode in the generation
-    engine on a GPU: the eval stage once compared device()'s "cuda: <name>" with "cuda" and so never
-    used it there."""
+def test_on_a_gpu_the_eval_stage_scores_every_model(fresh):
+    """The base, trained and Quark-exported models are each scored on a GPU, generation in wide
+    batches (tests/test_eval_batch.py holds their answers to HFLM's on a GPU too)."""
     import yaml
 
     recipe = yaml.safe_load((fresh / "recipes" / "tiny.yaml").read_text())
@@ -70,8 +69,7 @@ def test_on_a_gpu_the_eval_stage_generates_in_the_engine(fresh):
     assert run.rc == 0, run.out[-6000:]
     key = json.loads((fresh / "artifacts" / "gpu" / "eval.json").read_text())["key"]
     log = (fresh / "artifacts" / "store" / "eval" / f"{key}.log").read_text()
-    scored = [line for line in log.splitlines() if " scoring " in line]
-    assert len(scored) == 3 and all(line.endswith("generating in the engine") for line in scored), log[-4000:]
+    assert len([line for line in log.splitlines() if " scoring " in line]) == 3, log[-4000:]
 
 
 def test_quantized_and_eval_rebuilt_alone_write_what_they_wrote_after_training(fresh):

@@ -18,22 +18,15 @@ def task_configs(tasks: list[dict], docs: list[dict]) -> list[dict]:
     return [{"custom_dataset": dataset, **COMMON, **task} for task in tasks]
 
 
-def results(model, tok, configs: list[dict], settings, engine: bool = False) -> dict:
-    """lm-eval's results of the task configs for one model (settings: the recipe's eval). With
-    `engine`, generation tasks run on the generation engine (stages/scoring/engine_lm.py)."""
+def results(model, tok, configs: list[dict], settings) -> dict:
+    """lm-eval's results of the task configs for one model (settings: the recipe's eval)."""
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    args = dict(pretrained=model.eval(), tokenizer=tok, batch_size=settings.batch_size,
-                max_length=model.config.max_position_embeddings)
-    if engine:
-        from stages.inference.batching import end_ids
-        from stages.scoring.engine_lm import EngineLM
+    from stages.scoring.wide_lm import WideLM
 
-        lm = EngineLM(**args, eos_ids=end_ids(model, tok))
-    else:
-        lm = HFLM(**args)
+    lm = WideLM(pretrained=model.eval(), tokenizer=tok, batch_size=settings.batch_size,
+                max_length=model.config.max_position_embeddings)
     out = lm_eval.simple_evaluate(
         model=lm, tasks=configs,
         task_manager=TaskManager(include_defaults=False), num_fewshot=0, apply_chat_template=False,
