@@ -19,17 +19,26 @@ def task_configs(tasks: list[dict], docs: list[dict]) -> list[dict]:
 
 
 def results(model, tok, configs: list[dict], settings) -> dict:
-    """lm-eval's results of the task configs for one model (settings: the recipe's eval)."""
-    import lm_eval
+    """lm-eval's results of the task configs for one model (settings: the recipe's eval). Through
+    lm-eval's evaluate, seeded as its simple_evaluate seeds, not simple_evaluate itself: that
+    also gathers the machine's description for its report (torch's collect_env: nvidia-smi and
+    pip in subprocesses, 0.5-1 s a model) which eval.json never shows."""
+    import random
+
+    import numpy as np
+    import torch
+    from lm_eval.evaluator import evaluate
     from lm_eval.tasks import TaskManager
 
     from stages.scoring.wide_lm import WideLM
 
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
     lm = WideLM(pretrained=model.eval(), tokenizer=tok, batch_size=settings.batch_size,
                 max_length=model.config.max_position_embeddings)
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=configs,
-        task_manager=TaskManager(include_defaults=False), num_fewshot=0, apply_chat_template=False,
-        bootstrap_iters=0, log_samples=False, cache_requests=False,
-        random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
-    return out["results"]
+    tasks = TaskManager(include_defaults=False).load(configs)
+    for task in tasks["tasks"].values():
+        task.set_fewshot_seed(seed=0)
+    return evaluate(lm=lm, task_dict=tasks, bootstrap_iters=0, log_samples=False, cache_requests=False,
+                    apply_chat_template=False)["results"]
