@@ -102,7 +102,7 @@ def build_beside(built: Path, tmp_path_factory, recipe: str) -> tuple[Path, Run]
 @pytest.fixture(scope="module")
 def model_and_tok():
     """A small random Qwen3 in fp32 on the CPU and the tiny model's character tokenizer: the
-    generation engine's and the eval engine's tests compare answers on it."""
+    generation engine's and the eval stage's wide batches' tests compare answers on it."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 

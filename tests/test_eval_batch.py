@@ -48,21 +48,38 @@ def test_wide_batches_answer_what_hflm_answers(model_and_tok):
 
 
 def test_the_batch_is_as_wide_as_the_kv_budget_allows(model_and_tok):
-    """The longest request's context and answer against the budget: 24 new tokens on a 96-token
-    context at most, so 200 tokens take two rows; never fewer than the recipe's batch size."""
+    """The longest request's context and answer against the budget: 24 new tokens (under either
+    of lm-eval's names for them) on a 96-token context at most, so 200 tokens take two rows;
+    never fewer than the recipe's batch size."""
     from stages.scoring.wide_lm import WideLM
 
     model, tok = model_and_tok
-    requests = instances([(p, {"until": [], "max_gen_toks": 24}) for p in ["x", "Say hello " * 12, "y"]])
+    requests = instances([(p, {"until": [], "max_gen_toks": 24}) for p in ["x", "Say hello " * 12]]
+                         + [("y", {"until": [], "max_new_tokens": 24})])
     args = dict(pretrained=model, tokenizer=tok, batch_size=1, max_length=96)
     assert WideLM(**args, kv_tokens=200).generation_batch(requests) == 2
     assert WideLM(**args, kv_tokens=10).generation_batch(requests) == 1
     assert WideLM(**args, kv_tokens=10**6).generation_batch(requests) == 3
+    assert WideLM(**args, kv_tokens=40).generation_batch(instances([("x", {"until": [], "max_new_tokens": 30})] * 3)) == 1
+
+
+def test_the_kv_budget_does_not_follow_the_memory_free_now(model_and_tok):
+    """The width, and in bf16 a near tie's answer, must not depend on what else the process holds:
+    the budget is the same with half a gigabyte more in use."""
+    import torch
+
+    from stages.scoring.wide_lm import kv_budget_tokens
+
+    model, _ = model_and_tok
+    before = kv_budget_tokens(model)
+    held = torch.ones(2**27)  # 512 MiB, touched
+    assert kv_budget_tokens(model) == before > 10**5
+    del held
 
 
 def test_the_eval_stage_scores_hflms_greedy_answers(model_and_tok):
     """harness.results, as the eval stage calls it (the chat kind's exact-match and perplexity
-    tasks through lm-eval's simple_evaluate): the references are HFLM's own greedy answers at
+    tasks through lm-eval's evaluate): the references are HFLM's own greedy answers at
     batch 2, so exact match is 1 only where the wide batch's answers are HFLM's."""
     from types import SimpleNamespace
 
