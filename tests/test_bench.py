@@ -205,13 +205,13 @@ def test_scale_builds_through_doit_and_runs_the_trl_peer(tmp_path):
     assert json.loads((tmp_path / "work" / "project" / "recipes" / recipes[0]).read_text())["autotune"]["enabled"]
 
 
-def test_eval_speed_runs_hflm_and_the_engine_side_by_side(tmp_path):
-    """As eval_speed_h100_2026-11-26_32.json: both sides on the same requests, each run timed,
-    the ratio's min and median; fp32 on the CPU: the same answers."""
+def test_eval_speed_runs_hflm_and_its_wide_batches_side_by_side(tmp_path):
+    """As eval_speed_h100_2026-11-27_wide.json: both sides on the same requests, each run timed,
+    the ratio's min and median, the wide batch's width; fp32 on the CPU: the same answers."""
     bench("eval_speed", "--tiny", "--out", tmp_path / "eval.json")
     r = fields(tmp_path / "eval.json")
-    real = fields(REPO / "bench" / "results" / "eval_speed_h100_2026-11-26_32.json")
-    assert set(real) - set(r) == {"note"}
+    real = fields(REPO / "bench" / "results" / "eval_speed_h100_2026-11-27_wide.json")
+    assert set(real) == set(r)
     assert len(r["runs"]) == 2 and all(set(x) == set(real["runs"][0]) for x in r["runs"])
     assert r["same_answers"] == r["requests"] == 12
 
