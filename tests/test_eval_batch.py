@@ -108,7 +108,7 @@ def test_the_eval_stage_scores_hflms_greedy_answers(model_and_tok):
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_wide_batches_answer_what_hflm_answers(model_and_tok):
-    """The same in fp32 on a GPU, where the budget comes from the memory free."""
+    """The same in fp32 on a GPU, where the budget comes from the GPU's whole memory."""
     import copy
 
     from lm_eval.models.huggingface import HFLM
