@@ -22,7 +22,8 @@ from pathlib import Path
 
 from stages.engine import jsontext
 from stages.model.numerics import as_planned
-from stages.model.trained import device, load_trained, placement, size_on_disk, trained_size_on_disk
+from stages.model.trained import (dequantized, device, load_trained, placement, size_on_disk,
+                                  trained_size_on_disk)
 from stages.scoring import harness, reward_ranking
 from stages.train.methods import METHODS
 
@@ -34,6 +35,23 @@ def code_modules(recipe) -> list[str]:
 
 def extra_inputs(recipe, root: Path, store) -> dict:
     return {"device": device()}
+
+
+def merges_into(base: Path, checkpoint: Path) -> bool:
+    """Whether the trained model is the base as eval loads it with an adapter merged in: then the
+    base model eval has just scored becomes the trained one (an 8B load of 2-3 s on an H100
+    spared). Not where load_trained dequantizes the base (MXFP4) and eval scores it as saved."""
+    return (checkpoint / "adapter").is_dir() and not dequantized(base)
+
+
+def trained_model(scored_base, checkpoint: Path, base: Path):
+    """The trained model: the adapter merged into `scored_base` (the same weights as
+    load_trained's, tests/test_builds.py holds them equal), or loaded afresh where it is None."""
+    if scored_base is None:
+        return load_trained(checkpoint, base)
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(scored_base, checkpoint / "adapter").merge_and_unload()
 
 
 def build(ctx, out: Path) -> None:
@@ -70,18 +88,23 @@ def build(ctx, out: Path) -> None:
                                        docs)
         report["heldout_rows"] = len(docs)
         models = [  # (where its result goes, its name there, how to load it, its weights' bytes)
-            (report, "base", lambda: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
-            (report, "trained", lambda: load_trained(checkpoint, base), trained_size_on_disk(checkpoint, base)),
+            (report, "base", lambda _: AutoModelForCausalLM.from_pretrained(base, **placement()), size_on_disk(base)),
+            (report, "trained", lambda scored: trained_model(scored, checkpoint, base),
+             trained_size_on_disk(checkpoint, base)),
         ]
         for scheme in sorted(d.name for d in quantized.iterdir() if d.is_dir()):
             export = quantized / scheme
             models.append((report.setdefault("quantized", {}), scheme,
-                           lambda d=export: AutoModelForCausalLM.from_pretrained(d, **placement()), size_on_disk(export)))
+                           lambda _, d=export: AutoModelForCausalLM.from_pretrained(d, **placement()),
+                           size_on_disk(export)))
+        scored_base = None
         for where, name, load, size in ctx.progress(models, desc="scoring", unit=" models"):
             ctx.log.debug("scoring %s on %d held-out rows", name, len(docs))
-            model = load()
+            model, scored_base = load(scored_base), None
             ctx.log.debug("%s loaded", name)
             scores = kind.scores(harness.results(model, tok, configs, settings))
+            if name == "base" and merges_into(base, checkpoint):
+                scored_base = model
             del model
             where[name] = {**{m: scores[m] for m in method.metrics}, "size_bytes": size}
             ctx.log.debug("%s: %s", name, where[name])

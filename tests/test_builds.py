@@ -54,6 +54,36 @@ def test_lora_recipe_builds_a_standard_peft_adapter(built_lora):
     assert doit(warm, "verify").rc == 0
 
 
+def test_eval_merges_the_adapter_into_the_base_it_scored_as_a_fresh_load_would(built_lora):
+    """eval scores the base, then merges tiny_lora's adapter into that same model instead of
+    loading the base again: after lm-eval has scored it, its weights must be load_trained's, bit
+    for bit, so eval.json's trained scores are those of the trained model as saved."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stages import eval as eval_stage
+    from stages.data.kinds import chat
+    from stages.engine import jsontext
+    from stages.model.trained import load_trained, placement
+    from stages.scoring import harness
+
+    base, checkpoint = artifact(built_lora, "base", "tiny_lora"), artifact(built_lora, "checkpoint", "tiny_lora")
+    assert eval_stage.merges_into(base, checkpoint)
+    tok = AutoTokenizer.from_pretrained(base)
+    lines = (artifact(built_lora, "shards", "tiny_lora") / "heldout" / "heldout.jsonl").read_text().splitlines()
+    model = AutoModelForCausalLM.from_pretrained(base, **placement())
+    docs = chat.heldout_docs([jsontext.loads(line) for line in lines[:8]], tok, model.config.max_position_embeddings)
+    configs = harness.task_configs(chat.tasks(docs, tok.eos_token, 12, None), docs)
+    harness.results(model, tok, configs, SimpleNamespace(batch_size=4))
+    merged = eval_stage.trained_model(model, checkpoint, base).state_dict()
+    fresh = load_trained(checkpoint, base).state_dict()
+    assert merged.keys() == fresh.keys()
+    assert all(torch.equal(merged[k], fresh[k]) for k in fresh)
+    assert eval_stage.trained_model(None, checkpoint, base).state_dict().keys() == fresh.keys()
+
+
 def test_lora_builds_are_bit_identical_under_another_hash_seed(fresh, built_lora):
     run = doit(fresh, "manifest:tiny_lora", env={"PYTHONHASHSEED": "2"})
     assert run.rc == 0, run.out[-3000:]
