@@ -84,12 +84,10 @@ def build(ctx, out: Path) -> None:
                 norm += ref.square().sum().item()
         return sum(losses) / len(losses), logits if reference is None else (moved / norm) ** 0.5
 
-    with quark.imported_meanwhile():
-        model = trained()
-        ctx.log.debug("trained model loaded")
-        loss_ref, logits_ref = measure(model)
-        ctx.log.debug("unquantized loss measured on %d sequences", len(checked))
-    ctx.log.debug("Quark imported (its first import on a machine builds its C++ kernels)")
+    model = trained()
+    ctx.log.debug("trained model loaded")
+    loss_ref, logits_ref = measure(model)
+    ctx.log.debug("unquantized loss measured on %d sequences", len(checked))
     score = {
         "checked_on": {"shard": f"train/{FIRST_SHARD}", "first_sequence": n, "sequences": len(checked),
                        "what": "packed training sequences after the calibration ones; loss on assistant "

@@ -7,36 +7,9 @@ transformers (its Quark integration), and vLLM reads it through `quant_method: "
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-
-
-@contextmanager
-def imported_meanwhile():
-    """Import Quark on a thread while the block runs (the stage loads and measures the trained
-    model meanwhile), and wait for it at the block's end. Quark's import is a third of the 8B
-    shape's quantized stage on an H100: 12-15 s parsing every transformers modeling file for
-    MoE classes, and 5.6-7.5 s building its C++ kernels the first time on a machine (a
-    subprocess, which leaves the GIL free). If the import fails here, export's own import
-    raises the error in the stage's thread."""
-    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # same bytes, no C++/inductor build at run time
-    thread = threading.Thread(target=_import_quietly, name="quark-import", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-
-
-def _import_quietly() -> None:
-    try:
-        importlib.import_module("quark.torch")
-    except Exception:  # export imports it again, and that import raises the error where it is seen
-        pass
 
 
 def export(model, scheme: str, calibration: list, dest: Path, log: logging.Logger) -> None:
@@ -46,6 +19,7 @@ def export(model, scheme: str, calibration: list, dest: Path, log: logging.Logge
     os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # same bytes, no C++/inductor build at run time
     from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
 
+    log.debug("Quark imported (its first import on a machine builds its C++ kernels)")
     config = LLMTemplate.get(model.config.model_type).get_config(scheme=scheme)
     model = ModelQuantizer(config).quantize_model(model, [ids.to(model.device) for ids in calibration])
     log.debug("calibrated")
