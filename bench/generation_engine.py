@@ -14,6 +14,12 @@ the engine's settings change. Written for one lent GPU; results under $OUT (defa
               its greedy answers equal the eager engine's); 1, 8 and 32 prompts, 128 new tokens,
               twice each, and the greedy tokens of 4 prompts beside the uncompiled engine's
 
+  --rollouts  GRPO's rollouts as the checkpoint stage samples them (stages/train/grpo.EngineRollouts):
+              the model with LoRA r16 on every linear layer, 8 completions of 256 tokens at
+              temperature 1, sampled through the adapter's side matmuls and with the adapter merged
+              into the base (grpo.merged); a first rollout (the engine's compile and CUDA graphs),
+              then three timed, each way
+
 docs/serving.md reads bench/results/generation_engine_{profile,variants}_h200_2026-11-26.json.
 
     python -m bench.generation_engine --profile --shared ../shared
@@ -118,17 +124,68 @@ def variants(model, tok, prompts, eos, out: Path) -> dict:
     return res
 
 
+def rollouts(model, tok, prompts, eos, out: Path) -> dict:
+    import statistics
+    from types import SimpleNamespace
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from stages.inference.batching import PAGE_TOKENS
+    from stages.train import grpo
+
+    lora = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:  # PEFT starts B at zero, where merging would change nothing
+            torch.nn.init.normal_(p, std=1e-3)
+    lora.eval()
+    texts = [tok.decode(p) for p in prompts[:8]]
+    new = 256
+    kv = -(-8 * (max(map(len, prompts[:8])) + new) // PAGE_TOKENS) * PAGE_TOKENS
+    trainer = SimpleNamespace(model=lora, top_k=0, min_p=None, repetition_penalty=1.0, temperature=1.0, top_p=1.0,
+                              eos_token_ids=list(eos), max_completion_length=new)
+    plan = {"device": "cuda", "dtype": "bfloat16", "attn_implementation": "sdpa"}
+    res = {"completions": 8, "max_new_tokens": new, "lora": "r16 alpha 32, every linear layer, fp32 adapters"}
+    for name, merge in (("through_the_adapter", False), ("merged", True)):
+        r = grpo.EngineRollouts(tok, plan, kv)
+        if not merge:
+            r.base_copy = []
+        seconds, tokens = [], []
+        try:
+            for _ in range(4):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                o = r(texts, trainer)
+                torch.cuda.synchronize()
+                seconds.append(time.perf_counter() - t)
+                tokens.append(sum(map(len, o["completion_ids"])))
+        finally:
+            if r.engine is not None:
+                r.engine.close()
+        res[name] = {"first_s": round(seconds[0], 1), "seconds": [round(x, 3) for x in seconds[1:]],
+                     "tokens": tokens[1:], "tokens_per_s": [round(n / x, 1) for n, x in zip(tokens[1:], seconds[1:])],
+                     "base_copy_gib": round(sum(c.numel() * c.element_size() for _, c in r.base_copy) / 2**30, 2)}
+        print(name, res[name], flush=True)
+        del r
+        torch.cuda.empty_cache()
+    res["merged_over_adapter_median"] = round(statistics.median(res["merged"]["tokens_per_s"]) /
+                                              statistics.median(res["through_the_adapter"]["tokens_per_s"]), 2)
+    res["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--rollouts", action="store_true")
     ap.add_argument("--shared", type=Path, default=SHARED)
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp"))
     model, tok = make_model(QWEN3_8B, "cuda", "bfloat16", args.shared / "tokenizers" / "qwen3")
     prompts = [served_prompt(tok, q) for q in real_questions(args.shared, 64)]
     eos = {tok.convert_tokens_to_ids("<|im_end|>")}
-    for flag, fn in (("profile", profile), ("variants", variants)):
+    for flag, fn in (("profile", profile), ("variants", variants), ("rollouts", rollouts)):
         if getattr(args, flag):
             (out / f"{flag}.json").write_text(json.dumps(fn(model, tok, prompts, eos, out), indent=1))
 

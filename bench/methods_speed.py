@@ -189,6 +189,7 @@ def summary(name: str, clock: Clock, warmup: int, per_step: int, device: str) ->
     timed = slice(warmup, len(clock.steps))
     seconds = sum(clock.steps[timed])
     result = {"steps_timed": len(clock.steps[timed]), "step_seconds": round(seconds / len(clock.steps[timed]), 3),
+              "step_seconds_each": [round(s, 3) for s in clock.steps[timed]],  # a recompile in one shows here
               "tokens_per_s": round(sum(clock.tokens[timed]) / seconds, 1),
               "samples_per_s": round(per_step * len(clock.steps[timed]) / seconds, 3)}
     generating = sum(clock.generate_seconds[timed])

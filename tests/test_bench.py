@@ -105,11 +105,13 @@ def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
     r = fields(tmp_path / "methods.json")
     assert set(r) == {"tiny", "global_batch", "results"} and r["tiny"] is True
     assert set(r["results"]) == {"dpo_ours", "dpo_trl", "grpo_ours", "grpo_trl"}
-    timed = {"steps_timed", "step_seconds", "tokens_per_s", "samples_per_s", "peak_gib"}
+    timed = {"steps_timed", "step_seconds", "step_seconds_each", "tokens_per_s", "samples_per_s", "peak_gib"}
     generation = {"generate_seconds_per_step", "generate_tokens_per_s", "train_seconds_per_step"}
     for name, result in r["results"].items():
         want = timed | (generation if name.startswith("grpo") else set()) | ({"found"} if "ours" in name else set())
         assert set(result) == want, (name, result)
+        assert len(result["step_seconds_each"]) == result["steps_timed"]
+        assert abs(sum(result["step_seconds_each"]) / result["steps_timed"] - result["step_seconds"]) < 0.01
         if "ours" in name:
             assert set(result["found"]) == {"decisions", "probe_seconds"} and set(result["found"]["decisions"]) == SETTING
 

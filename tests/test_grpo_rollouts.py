@@ -2,7 +2,8 @@
 rollout_func): on the CPU here, where the checkpoint stage keeps TRL's own generate (engine_here),
 so the path the GPU takes is run on the tiny shape: every prompt TRL hands over gets one sampled
 completion, the end token kept, TRL trains on those completions, and the engine is closed when
-training ends."""
+training ends. The adapter is merged into the base while the engine samples: the base comes back
+bit for bit, and greedy rollouts answer what the adapter's own side matmuls answer."""
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
     assert not grpo.engine_here(plan)
     trainer = grpo.make_trainer(METHODS["grpo"], model, train, tok, plan, t, tmp_path / "work", engine=True)
     rollouts, seen = trainer.rollout_func, []
+    base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "base_layer" in n}
 
     def recorded(prompts, tr):
         out = rollouts(prompts, tr)
@@ -50,5 +52,56 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
             assert 1 <= len(ids) <= 12
             assert len(ids) == 12 or ids[-1] == tok.eos_token_id  # ended early: by its end token, kept
     assert rollouts.engine is None  # closed at the end of training
+    assert rollouts.base_copy  # the adapter was merged while sampling, and the base put back after:
+    base_after = dict(trainer.model.named_parameters())
+    assert base_before and all(torch.equal(base_after[n], p) for n, p in base_before.items())
+    assert not any(getattr(m, "merged", False) for m in trainer.model.modules())
     logged = [x["completions/mean_length"] for x in trainer.state.log_history if "completions/mean_length" in x]
     assert logged == [sum(map(len, out["completion_ids"])) / 4 for _, out in seen]  # the steps trained on them
+
+
+def test_merged_greedy_rollouts_answer_what_the_adapter_answers():
+    """Greedy rollouts through the engine with the adapter merged give the tokens the PEFT model's
+    own generate gives through its side matmuls (an adapter of random, not zero, B), and leave the
+    model computing what it computed before, its base weights bit for bit."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    base = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=16, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    model.eval()
+    prompts = ["Q: What is 2 + 3?\nA:", "Q: Name a colour.\nA:", "Q: 7 * 6?\nA:"]
+    ids = tok(text=prompts)["input_ids"]
+    with torch.no_grad():
+        before = model(input_ids=torch.tensor([ids[0]])).logits
+        expected = [model.generate(input_ids=torch.tensor([i]), max_new_tokens=10, do_sample=False,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(i):].tolist()
+                    for i in ids]
+        with model.disable_adapter():  # the adapter moves the answers, so equal answers are its
+            assert [model.generate(input_ids=torch.tensor([i]), max_new_tokens=10, do_sample=False,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(i):].tolist()
+                    for i in ids] != expected
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
+    plan = {"device": "cpu", "dtype": "float32", "attn_implementation": "sdpa"}
+    rollouts = grpo.EngineRollouts(tok, plan, kv_tokens=1024)
+    trainer = SimpleNamespace(model=model, top_k=0, min_p=None, repetition_penalty=1.0, temperature=0.0, top_p=1.0,
+                              eos_token_ids=[tok.eos_token_id], max_completion_length=10)
+    try:
+        out = rollouts(prompts, trainer)
+    finally:
+        rollouts.engine.close()
+    assert rollouts.base_copy
+    assert out["completion_ids"] == expected
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[n], w) for n, w in weights.items())
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=torch.tensor([ids[0]])).logits, before)
