@@ -12,6 +12,7 @@ import torch
 
 from conftest import REPO
 from stages.engine.recipe import TrainSection
+from stages.inference.batching import PAGE_TOKENS
 from stages.model.tiny import char_tokenizer
 from stages.train import grpo
 from stages.train.methods import METHODS
@@ -35,6 +36,9 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
     assert not grpo.engine_here(plan)
     trainer = grpo.make_trainer(METHODS["grpo"], model, train, tok, plan, t, tmp_path / "work", engine=True)
     rollouts, seen = trainer.rollout_func, []
+    # the KV budget holds a rollout's every completion at its longest, each in whole pages of its own
+    longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
+    assert rollouts.kv_tokens >= trainer.args.generation_batch_size * -(-longest // PAGE_TOKENS) * PAGE_TOKENS
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "base_layer" in n}
 
     def recorded(prompts, tr):

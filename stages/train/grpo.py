@@ -40,8 +40,11 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, eng
     if engine_here(plan) if engine is None else engine:
         from stages.inference.batching import PAGE_TOKENS
 
+        # every completion of a rollout at its longest, each in whole pages of its own (transformers'
+        # paged cache gives a request ceil(length / page) pages): a budget rounded up only in total
+        # left requests starved of pages and reset mid-rollout (8B shape on an H100)
         longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
-        pages = -(-args.generation_batch_size * longest // PAGE_TOKENS)
+        pages = args.generation_batch_size * -(-longest // PAGE_TOKENS)
         rollouts = EngineRollouts(tok, plan, pages * PAGE_TOKENS)
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                            processing_class=tok, peft_config=peft_config(t, method.peft_task), rollout_func=rollouts)
