@@ -41,8 +41,16 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
     assert rollouts.kv_tokens >= trainer.args.generation_batch_size * -(-longest // PAGE_TOKENS) * PAGE_TOKENS
     base_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "base_layer" in n}
 
+    sampling, merged = [False], []  # whether a forward ran inside a rollout, and the adapter merged then
+    lora = next(m for m in trainer.model.modules() if hasattr(m, "merged_adapters"))
+    lora.register_forward_pre_hook(lambda module, _: merged.append((sampling[0], module.merged)))
+
     def recorded(prompts, tr):
-        out = rollouts(prompts, tr)
+        sampling[0] = True
+        try:
+            out = rollouts(prompts, tr)
+        finally:
+            sampling[0] = False
         seen.append((prompts, out))
         return out
     trainer.rollout_func = recorded
@@ -56,10 +64,12 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
             assert 1 <= len(ids) <= 12
             assert len(ids) == 12 or ids[-1] == tok.eos_token_id  # ended early: by its end token, kept
     assert rollouts.engine is None  # closed at the end of training
-    assert rollouts.base_copy  # the adapter was merged while sampling, and the base put back after:
+    assert rollouts.base_copy is None  # its memory freed with the engine; the base is as it was:
     base_after = dict(trainer.model.named_parameters())
     assert base_before and all(torch.equal(base_after[n], p) for n, p in base_before.items())
     assert not any(getattr(m, "merged", False) for m in trainer.model.modules())
+    assert any(inside for inside, _ in merged) and any(not inside for inside, _ in merged)
+    assert all(inside == was for inside, was in merged)  # merged exactly while the engine sampled
     logged = [x["completions/mean_length"] for x in trainer.state.log_history if "completions/mean_length" in x]
     assert logged == [sum(map(len, out["completion_ids"])) / 4 for _, out in seen]  # the steps trained on them
 
@@ -70,18 +80,8 @@ def test_merged_greedy_rollouts_answer_what_the_adapter_answers():
     model computing what it computed before, its base weights bit for bit."""
     from types import SimpleNamespace
 
-    from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tok = char_tokenizer()
-    torch.manual_seed(0)
-    base = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                        head_dim=16, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    for name, p in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.5)
+    model = tiny_lora(tok, target_modules="all-linear")
     model.eval()
     prompts = ["Q: What is 2 + 3?\nA:", "Q: Name a colour.\nA:", "Q: 7 * 6?\nA:"]
     ids = tok(text=prompts)["input_ids"]
@@ -99,13 +99,58 @@ def test_merged_greedy_rollouts_answer_what_the_adapter_answers():
     rollouts = grpo.EngineRollouts(tok, plan, kv_tokens=1024)
     trainer = SimpleNamespace(model=model, top_k=0, min_p=None, repetition_penalty=1.0, temperature=0.0, top_p=1.0,
                               eos_token_ids=[tok.eos_token_id], max_completion_length=10)
+    lora = next(m for m in model.modules() if hasattr(m, "merged_adapters"))
+    merged = []
+    lora.register_forward_pre_hook(lambda module, _: merged.append(module.merged))
     try:
         out = rollouts(prompts, trainer)
     finally:
         rollouts.engine.close()
-    assert rollouts.base_copy
+    assert rollouts.base_copy and merged and all(merged)  # the engine's forwards ran with the adapter merged
     assert out["completion_ids"] == expected
     params = dict(model.named_parameters())
     assert all(torch.equal(params[n], w) for n, w in weights.items())
     with torch.no_grad():
         assert torch.equal(model(input_ids=torch.tensor([ids[0]])).logits, before)
+
+
+def tiny_lora(tok, **lora):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    base = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=16, tie_word_embeddings=lora.pop("tied", False),
+                                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, **lora))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    return model
+
+
+def test_rollouts_merge_only_where_merging_is_exact_and_in_place():
+    """DoRA (PEFT's merge replaces its weight tensors), a LoRA bias, and a tied LM head (merging it
+    would move the embeddings too) sample through the adapter; plain LoRA merges."""
+    tok = char_tokenizer()
+    assert grpo.base_copy(tiny_lora(tok, target_modules="all-linear"))
+    assert not grpo.base_copy(tiny_lora(tok, target_modules="all-linear", use_dora=True))
+    assert not grpo.base_copy(tiny_lora(tok, target_modules="all-linear", lora_bias=True))
+    assert not grpo.base_copy(tiny_lora(tok, target_modules=["q_proj", "lm_head"], tied=True))
+    assert grpo.base_copy(tiny_lora(tok, target_modules=["q_proj", "lm_head"]))
+
+
+def test_a_rollout_that_fails_leaves_the_base_as_it_was():
+    tok = char_tokenizer()
+    model = tiny_lora(tok, target_modules="all-linear")
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    copy = grpo.base_copy(model)
+    try:
+        with grpo.merged(model, copy):
+            assert all(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
+            raise RuntimeError("the engine died")
+    except RuntimeError:
+        pass
+    assert not any(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())

@@ -67,8 +67,9 @@ class EngineRollouts:
     trainer's temperature and top_p, all at once; the completions keep their end token (the
     engine's batch keeps it), as TRL's own generate path does. The engine starts at the first
     rollout and holds `kv_tokens` of KV cache (every completion of a rollout at its longest),
-    then lives until training ends: its CUDA graphs read the adapter's weights where the
-    optimizer updates them in place. On CUDA the batch's step is compiled (transformers' compile
+    then lives until training ends. While it samples, the adapter is merged into the base in
+    place (merged()), so its CUDA graphs read the merged weights, and training's steps in between
+    update the adapter that the next rollout's merge reads. On CUDA the batch's step is compiled (transformers' compile
     level 1) around the model's layers, which then run uncompiled inside it: one sampling setting
     for the whole batch leaves no top-p cumsum, the op inductor fails on (batching.py). 8B shape,
     plain sampling on an H200: 8 at once 469-502 tokens/s with per-request settings, 547-585 with
@@ -112,56 +113,72 @@ class EngineRollouts:
                 if rollouts.engine is not None:
                     rollouts.engine.close()
                     rollouts.engine = None
+                rollouts.base_copy = None  # 12.9 GiB for the 8B shape
         return CloseEngine()
 
 
-# the base's copy may take this much of the memory free at the first rollout, which comes before the
-# first training step's activations and optimizer state exist (8B shape on an H100: 12.9 GiB of about
-# 60 free; a 14B's copy there would not fit and it samples through the adapter as before)
-BASE_COPY_SHARE = 0.25
+# the model and the base's copy together may take this share of the device's whole memory (not of the
+# memory free, so the same recipe on the same card always decides the same: merged rollouts sample
+# other tokens than unmerged ones); the rest is training's activations, the optimizer's state and the
+# engine's KV cache. The 8B shape on an H100: 16.4 + 12.9 GiB of 79; a 14B's would not fit there.
+BASE_COPY_SHARE = 0.5
 
 
 def base_copy(model) -> list:
     """A copy of the base weights (and biases) the adapter merges into, so that merged() can put
     them back bit for bit: merging and unmerging would leave the frozen base a rounding off after
-    every rollout. Empty, and rollouts sample through the adapter's side matmuls, where that is
-    not exact or does not fit: an adapter other than LoRA on a plain linear layer (a quantized
-    base, experts' parameters), or a copy over BASE_COPY_SHARE of the memory free."""
+    every rollout. Empty, and rollouts sample through the adapter's side matmuls, where merging is
+    not exact or not in place, or the copy does not fit:
+    - an adapter other than plain LoRA on a linear layer: a quantized base, experts' parameters, a
+      LoRA variant (DoRA and the like: PEFT's merge replaces their weight tensors, which the
+      engine's CUDA graphs would no longer read) or a LoRA bias;
+    - a base weight tied to another (a tied LM head: merging into it would move the embeddings);
+    - the model and its copy over BASE_COPY_SHARE of the device's memory."""
     import psutil
     import torch
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
-    if not layers or any(type(m) is not LoraLinear for m in layers):
+    if not layers or any(type(m) is not LoraLinear or m.lora_variant or any(m.lora_bias.values()) for m in layers):
         return []
     params = [p for m in layers for p in (m.get_base_layer().weight, m.get_base_layer().bias) if p is not None]
     if any(type(p) is not torch.nn.Parameter or not p.is_floating_point() for p in params):
         return []
+    names = [id(p) for _, p in model.named_parameters(remove_duplicate=False)]
+    if any(names.count(id(p)) > 1 for p in params):
+        return []
     device = params[0].device
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else psutil.virtual_memory().available
-    if sum(p.numel() * p.element_size() for p in params) > free * BASE_COPY_SHARE:
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = psutil.virtual_memory().total
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if weights + sum(p.numel() * p.element_size() for p in params) > total * BASE_COPY_SHARE:
         return []
     return [(p, p.detach().clone()) for p in params]
 
 
 @contextmanager
 def merged(model, copy: list):
-    """The adapter merged into the base while the engine samples (PEFT's merge_adapter), the base
-    put back from its copy after. Sampled through LoRA's side matmuls, the 8B shape's decode step
-    ran at 41 steps a second against the plain model's 89-93 (H200, docs/performance.md); TRL
-    merges the same way before it hands a model's weights to vLLM. The trainer's logprobs are
-    its own forward's, through the adapter, as before."""
+    """The adapter merged into the base while the engine samples (PEFT's merge_adapter, in place),
+    the base put back from its copy after, also where the merge or the sampling fails partway.
+    Sampled through LoRA's side matmuls, the 8B shape's decode step ran at 41 steps a second
+    against the plain model's 89-93 (H200, docs/performance.md); TRL merges the same way before
+    it hands a model's weights to vLLM. The trainer's logprobs are its own forward's, through
+    the adapter, as before."""
     import torch
 
     if not copy:
         yield
         return
-    model.merge_adapter()
     try:
+        model.merge_adapter()
+        if copy[0][0].is_cuda:
+            torch.cuda.synchronize()  # the engine's thread runs its forwards on a stream of its own
         yield
     finally:
-        model.unmerge_adapter()
+        model.unmerge_adapter()  # each layer as far as it was merged: clears PEFT's record of it
         with torch.no_grad():
             for p, saved in copy:
                 p.copy_(saved)
