@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import REPO
@@ -74,28 +75,32 @@ def test_grpo_samples_through_the_engine_and_trains(tmp_path):
     assert logged == [sum(map(len, out["completion_ids"])) / 4 for _, out in seen]  # the steps trained on them
 
 
-def test_merged_greedy_rollouts_answer_what_the_adapter_answers():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_merged_greedy_rollouts_answer_what_the_adapter_answers(device):
     """Greedy rollouts through the engine with the adapter merged give the tokens the PEFT model's
     own generate gives through its side matmuls (an adapter of random, not zero, B), and leave the
-    model computing what it computed before, its base weights bit for bit."""
+    model computing what it computed before, its base weights bit for bit. On a GPU the engine's
+    step is compiled and replayed as CUDA graphs, which must read the weights merged in place."""
     from types import SimpleNamespace
 
     tok = char_tokenizer()
-    model = tiny_lora(tok, target_modules="all-linear")
+    model = tiny_lora(tok, target_modules="all-linear").to(device)
     model.eval()
     prompts = ["Q: What is 2 + 3?\nA:", "Q: Name a colour.\nA:", "Q: 7 * 6?\nA:"]
     ids = tok(text=prompts)["input_ids"]
+
+    def greedy():
+        return [model.generate(input_ids=torch.tensor([i], device=device), max_new_tokens=10, do_sample=False,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(i):].tolist()
+                for i in ids]
     with torch.no_grad():
-        before = model(input_ids=torch.tensor([ids[0]])).logits
-        expected = [model.generate(input_ids=torch.tensor([i]), max_new_tokens=10, do_sample=False,
-                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(i):].tolist()
-                    for i in ids]
+        before = model(input_ids=torch.tensor([ids[0]], device=device)).logits
+        expected = greedy()
         with model.disable_adapter():  # the adapter moves the answers, so equal answers are its
-            assert [model.generate(input_ids=torch.tensor([i]), max_new_tokens=10, do_sample=False,
-                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(i):].tolist()
-                    for i in ids] != expected
+            assert greedy() != expected
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
-    plan = {"device": "cpu", "dtype": "float32", "attn_implementation": "sdpa"}
+    plan = {"device": device, "dtype": "float32", "attn_implementation": "sdpa"}
     rollouts = grpo.EngineRollouts(tok, plan, kv_tokens=1024)
     trainer = SimpleNamespace(model=model, top_k=0, min_p=None, repetition_penalty=1.0, temperature=0.0, top_p=1.0,
                               eos_token_ids=[tok.eos_token_id], max_completion_length=10)
@@ -111,7 +116,7 @@ def test_merged_greedy_rollouts_answer_what_the_adapter_answers():
     params = dict(model.named_parameters())
     assert all(torch.equal(params[n], w) for n, w in weights.items())
     with torch.no_grad():
-        assert torch.equal(model(input_ids=torch.tensor([ids[0]])).logits, before)
+        assert torch.equal(model(input_ids=torch.tensor([ids[0]], device=device)).logits, before)
 
 
 def tiny_lora(tok, **lora):
