@@ -131,7 +131,6 @@ def rollouts(model, tok, prompts, eos, out: Path) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from stages.inference.batching import PAGE_TOKENS
     from stages.train import grpo
 
     lora = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
@@ -141,7 +140,7 @@ def rollouts(model, tok, prompts, eos, out: Path) -> dict:
     lora.eval()
     texts = [tok.decode(p) for p in prompts[:8]]
     new = 256
-    kv = -(-8 * (max(map(len, prompts[:8])) + new) // PAGE_TOKENS) * PAGE_TOKENS
+    kv = grpo.rollout_kv_tokens(8, max(map(len, prompts[:8])) + new)
     trainer = SimpleNamespace(model=lora, top_k=0, min_p=None, repetition_penalty=1.0, temperature=1.0, top_p=1.0,
                               eos_token_ids=list(eos), max_completion_length=new)
     plan = {"device": "cuda", "dtype": "bfloat16", "attn_implementation": "sdpa"}

@@ -61,6 +61,23 @@ def kv_bytes_per_token(config) -> int:
     return 2 * text.num_hidden_layers * kv_heads * head_dim * 2  # bf16/fp16 cache: 2 bytes an element
 
 
+def whole_memory(device) -> int:
+    """Bytes of the device's whole memory (a GPU's, or the machine's RAM on the CPU): what sizes
+    that must not follow the memory free at the time are taken from (eval's generate batches,
+    whether GRPO's rollouts merge), so the same recipe on the same card decides the same."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def kv_budget_tokens(model) -> int:
     """The KV cache's size in tokens, whole pages: a share of the memory free once the model is loaded."""
     import torch

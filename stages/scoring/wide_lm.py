@@ -14,17 +14,10 @@ def kv_budget_tokens(model) -> int:
     """Tokens of KV cache a generate batch may fill: from the device's whole memory less the
     model's weights, not from the memory free now, so that the batch's width (and in bf16 which
     way a near tie breaks) does not depend on what an earlier stage of the process left cached."""
-    import psutil
-    import torch
+    from stages.inference.batching import kv_bytes_per_token, weight_bytes, whole_memory
 
-    from stages.inference.batching import kv_bytes_per_token
-
-    if model.device.type == "cuda":
-        total = torch.cuda.get_device_properties(model.device).total_memory
-    else:
-        total = psutil.virtual_memory().total
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return max(0, int((total - weights) * KV_SHARE) // kv_bytes_per_token(model.config))
+    budget = int((whole_memory(model.device) - weight_bytes(model)) * KV_SHARE)
+    return max(0, budget // kv_bytes_per_token(model.config))
 
 
 class WideLM(HFLM):

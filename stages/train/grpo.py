@@ -38,14 +38,8 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, eng
                   max_completion_length=t.max_completion_length, **settings)
     rollouts = None
     if engine_here(plan) if engine is None else engine:
-        from stages.inference.batching import PAGE_TOKENS
-
-        # every completion of a rollout at its longest, each in whole pages of its own (transformers'
-        # paged cache gives a request ceil(length / page) pages): a budget rounded up only in total
-        # left requests starved of pages and reset mid-rollout (8B shape on an H100)
         longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
-        pages = args.generation_batch_size * -(-longest // PAGE_TOKENS)
-        rollouts = EngineRollouts(tok, plan, pages * PAGE_TOKENS)
+        rollouts = EngineRollouts(tok, plan, rollout_kv_tokens(args.generation_batch_size, longest))
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                            processing_class=tok, peft_config=peft_config(t, method.peft_task), rollout_func=rollouts)
     if rollouts is not None:
@@ -59,6 +53,16 @@ def engine_here(plan: dict) -> bool:
     batch run eagerly. On the CPU the engine was slower than generate (docs/serving.md), and under
     FSDP each process would batch its own requests while their forwards must gather together."""
     return plan["device"] == "cuda" and plan["processes"] == 1
+
+
+def rollout_kv_tokens(completions: int, longest: int) -> int:
+    """The KV cache a rollout needs: every completion at its longest (prompt and answer), each in
+    whole pages of its own, as transformers' paged cache gives a request ceil(length / page) pages.
+    A budget rounded up only in total left requests starved of pages and reset mid-rollout (8B
+    shape on an H100)."""
+    from stages.inference.batching import PAGE_TOKENS
+
+    return completions * -(-longest // PAGE_TOKENS) * PAGE_TOKENS
 
 
 class EngineRollouts:
@@ -134,7 +138,6 @@ def base_copy(model) -> list:
       engine's CUDA graphs would no longer read) or a LoRA bias;
     - a base weight tied to another (a tied LM head: merging into it would move the embeddings);
     - the model and its copy over BASE_COPY_SHARE of the device's memory."""
-    import psutil
     import torch
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.tuners_utils import BaseTunerLayer
@@ -148,13 +151,10 @@ def base_copy(model) -> list:
     names = [id(p) for _, p in model.named_parameters(remove_duplicate=False)]
     if any(names.count(id(p)) > 1 for p in params):
         return []
-    device = params[0].device
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-    else:
-        total = psutil.virtual_memory().total
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    if weights + sum(p.numel() * p.element_size() for p in params) > total * BASE_COPY_SHARE:
+    from stages.inference.batching import weight_bytes, whole_memory
+
+    copy_bytes = sum(p.numel() * p.element_size() for p in params)
+    if weight_bytes(model) + copy_bytes > whole_memory(params[0].device) * BASE_COPY_SHARE:
         return []
     return [(p, p.detach().clone()) for p in params]
 
