@@ -7,6 +7,7 @@ bit for bit, and greedy rollouts answer what the adapter's own side matmuls answ
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -159,3 +160,39 @@ def test_a_rollout_that_fails_leaves_the_base_as_it_was():
         pass
     assert not any(m.merged for m in model.modules() if hasattr(m, "merged_adapters"))
     assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_compiled_layers_meet_no_new_batch_kind_mid_training(ahead):
+    """After compile_ahead, a training forward and backward at any other length, padded or not,
+    compiles nothing (torch's fail_on_recompile stance raises on a compile); without it, the first
+    padded batch compiles. The random state and the gradients are as they were. The layers are
+    compiled as settings.compile_regions compiles them, but to aot_eager: which batches compile is
+    dynamo's guards' choice, not the backend's, and inductor's C++ build takes a minute here."""
+    from stages.train.settings import decoder_layers
+
+    tok = char_tokenizer()
+    model = tiny_lora(tok, target_modules="all-linear")
+    for layer in decoder_layers(model):
+        layer.compile(backend="aot_eager")
+    torch.compiler.reset()
+    rng = torch.get_rng_state()
+    if ahead:
+        grpo.compile_ahead(model, batch=4, longest=40)
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert all(p.grad is None for p in model.parameters())
+    else:  # training's first batches: two lengths, no padding
+        for length in (40, 39):
+            model(input_ids=torch.ones(4, length, dtype=torch.long), logits_to_keep=1).logits.sum().backward()
+
+    def step(length, pad):
+        mask = torch.ones(4, length, dtype=torch.long)
+        mask[1, length - pad:] = 0
+        model(input_ids=torch.ones_like(mask), attention_mask=mask, logits_to_keep=5).logits.sum().backward()
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"), \
+                (nullcontext() if ahead else pytest.raises(RuntimeError, match="recompil")):
+            for length, pad in ((33, 0), (37, 4), (21, 0), (45, 1), (40, 0)):
+                step(length, pad)
+    finally:
+        torch.compiler.reset()

@@ -37,11 +37,13 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, eng
     args = config(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
                   max_completion_length=t.max_completion_length, **settings)
     rollouts = None
+    longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
     if engine_here(plan) if engine is None else engine:
-        longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
         rollouts = EngineRollouts(tok, plan, rollout_kv_tokens(args.generation_batch_size, longest))
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                            processing_class=tok, peft_config=peft_config(t, method.peft_task), rollout_func=rollouts)
+    if plan.get("compile"):
+        trainer.add_callback(compiling_ahead(trainer, longest))
     if rollouts is not None:
         trainer.add_callback(rollouts.closer())
     generate_eagerly(trainer.model, plan)
@@ -53,6 +55,45 @@ def engine_here(plan: dict) -> bool:
     batch run eagerly. On the CPU the engine was slower than generate (docs/serving.md), and under
     FSDP each process would batch its own requests while their forwards must gather together."""
     return plan["device"] == "cuda" and plan["processes"] == 1
+
+
+def compile_ahead(model, batch: int, longest: int, context=nullcontext) -> None:
+    """Run the compiled layers' forward and backward on every kind of batch training will give them,
+    before training: a GRPO batch's length (longest prompt plus longest completion) changes every
+    step, and it has padding or none (transformers builds another mask without, so the layers trace
+    another graph). Each kind's first batch compiles, and its first second length compiles again,
+    dynamic in the length from then on: four compiles of about 25 s for the 8B shape on an H100,
+    which otherwise fell on whichever step first had a completion end early, mid-training (and
+    after the engine's rollouts had filled the layers' compile cache). Here at the longest batch
+    and one shorter (flex attention compiles once more for a batch within its first 128-token
+    block). The random state is put back, so training draws what it would have drawn, and the
+    gradients are dropped; `context` is what the trainer's forwards run in (its autocast)."""
+    import torch
+
+    training = model.training
+    device = next(model.parameters()).device
+    model.train()
+    with torch.random.fork_rng():
+        for length, padded in ((longest, False), (longest - 1, True), (longest - 1, False), (longest, True)):
+            ids = torch.ones(batch, length, dtype=torch.long, device=device)
+            mask = torch.ones_like(ids)
+            if padded:
+                mask[0, length // 2:] = 0  # a completion that ended early, padded on the right as TRL pads
+            with context():
+                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits
+            logits.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    model.train(training)
+
+
+def compiling_ahead(trainer, longest: int):
+    """compile_ahead at the start of training, at the trainer's micro-batch, in its autocast."""
+    from transformers import TrainerCallback
+
+    class CompileAhead(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            compile_ahead(trainer.model, args.per_device_train_batch_size, longest, trainer.accelerator.autocast)
+    return CompileAhead()
 
 
 def rollout_kv_tokens(completions: int, longest: int) -> int:
