@@ -116,6 +116,16 @@ def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
             assert set(result["found"]) == {"decisions", "probe_seconds"} and set(result["found"]["decisions"]) == SETTING
 
 
+def test_grpo_curves_trains_tinys_sft_model_both_ways(built, tmp_path):
+    """As grpo_curves_tiny_2026-11-28/curves.json, two steps a side (its real run is CPU work too)."""
+    bench("grpo_curves", tmp_path / "out", "--steps", 2, cwd=built)
+    curves = fields(tmp_path / "out" / "curves.json")
+    assert set(curves) == {"ours", "trl"}
+    assert all([p["step"] for p in points] == [1, 2] and all(set(p) == {"step", "loss", "reward"} for p in points)
+               for points in curves.values())
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+
+
 def test_data_prep_runs_trl_and_the_shards_stage(tmp_path):
     """As data_prep_real_1m_run1.json: TRL's preparation and `doit shards` on a clone, both dedupe modes."""
     bench("data_prep", "--tiny", "--out", tmp_path / "data.json")
