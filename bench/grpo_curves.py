@@ -8,9 +8,10 @@ additions under 20 part of the time, on the CPU:
   ours  stages/train/grpo.make_trainer with the generation engine's rollouts forced on (engine=True:
         the rollout path a CUDA GPU takes, the adapter merged into the base while sampling; the
         CPU's own default is TRL's generate)
-  trl   TRL's GRPOTrainer with the same LoRA, learning rate and reward
+  trl   TRL's GRPOTrainer (bench/methods_speed.trl_trainer) with ours' optimizer settings: learning
+        rate, cosine schedule, warm-up, weight decay, and fp32 (GRPOConfig's default is bf16)
 
-Both: data/tiny/prompts.jsonl as chat, LoRA r16 on every linear layer, 8 completions of up to 6
+Both: data/tiny/prompts.jsonl as chat, LoRA r16 alpha 32 on every linear layer, 8 completions of up to 6
 tokens per prompt, 16 completions (2 prompts) per step, reward exact_answer, the same seed. The two sample
 different tokens (different samplers), so the curves are compared in size and trend, not step by
 step.
@@ -22,12 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from datetime import date
 from pathlib import Path
 
-from bench.methods_speed import NUM_GENERATIONS, grpo_dataset, rows
+from bench.methods_speed import NUM_GENERATIONS, grpo_dataset, rows, train_section, trl_trainer
 
 REPO = Path(__file__).resolve().parent.parent
-COMPLETION, LR, BATCH, LORA = 6, 2e-3, 16, {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+COMPLETION, LR, BATCH = 6, 2e-3, 16
 
 
 def curve(trainer) -> list[dict]:
@@ -43,27 +45,16 @@ def run(who: str, model_dir: Path, steps: int, work: Path) -> list[dict]:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     train = grpo_dataset(tok, rows(REPO / "data" / "tiny" / "prompts.jsonl", BATCH // NUM_GENERATIONS * steps))
-    if who == "trl":
-        from peft import LoraConfig
-        from trl import GRPOConfig, GRPOTrainer
-
-        from stages.train.grpo import reward_for_trainer
-
-        args = GRPOConfig(output_dir=str(work), max_steps=steps, logging_steps=1, report_to="none", save_strategy="no",
-                          seed=0, use_cpu=True, learning_rate=LR, per_device_train_batch_size=BATCH, num_generations=NUM_GENERATIONS,
-                          max_completion_length=COMPLETION)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_for_trainer("exact_answer"), args=args,
-                              train_dataset=train, processing_class=tok,
-                              peft_config=LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"],
-                                                     target_modules=LORA["target_modules"], task_type="CAUSAL_LM"))
+    t = train_section("grpo", steps, "exact_answer").model_copy(
+        update={"lr": LR, "micro_batch_size": BATCH, "max_completion_length": COMPLETION})
+    if who == "trl":  # ours' optimizer settings (trainer.plan_args), in fp32 as ours
+        trainer = trl_trainer("grpo", model, train, tok, steps, work, "cpu", "exact_answer", learning_rate=t.lr,
+                              per_device_train_batch_size=BATCH, max_completion_length=COMPLETION,
+                              lr_scheduler_type="cosine", warmup_steps=t.warmup_steps, weight_decay=t.weight_decay)
     else:
-        from stages.engine.recipe import TrainSection
         from stages.train import grpo
         from stages.train.methods import METHODS
 
-        t = TrainSection(method="grpo", peft="lora", lora=LORA, lr=LR, max_steps=steps, micro_batch_size=BATCH,
-                         save_steps=10**6, reward="exact_answer", num_generations=NUM_GENERATIONS,
-                         max_completion_length=COMPLETION, seed=0)
         plan = {"device": "cpu", "dtype": "float32", "processes": 1, "micro_batch_size": BATCH,
                 "grad_accum": 1, "attn_implementation": "sdpa", "compile": False}
         trainer = grpo.make_trainer(METHODS["grpo"], model, train, tok, plan, t, work, engine=True)
@@ -89,7 +80,7 @@ def plot(curves: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / "grpo_curves_tiny")
+    p.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / f"grpo_curves_tiny_{date.today()}")
     p.add_argument("--model", type=Path, default=REPO / "artifacts" / "tiny" / "latest" / "checkpoint" / "model")
     p.add_argument("--steps", type=int, default=100)
     a = p.parse_args()

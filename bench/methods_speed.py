@@ -203,7 +203,9 @@ def summary(name: str, clock: Clock, warmup: int, per_step: int, device: str) ->
     return result
 
 
-def trl_trainer(method: str, model, dataset, tok, steps: int, work: Path, device: str, reward: str):
+def trl_trainer(method: str, model, dataset, tok, steps: int, work: Path, device: str, reward: str, **grpo):
+    """TRL's trainer with its defaults; `grpo`: GRPOConfig fields set otherwise (bench/grpo_curves.py
+    gives it ours' learning rate and schedule)."""
     from peft import LoraConfig
 
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -218,7 +220,7 @@ def trl_trainer(method: str, model, dataset, tok, steps: int, work: Path, device
 
     from stages.train.grpo import reward_for_trainer
 
-    args = GRPOConfig(**common, num_generations=NUM_GENERATIONS, max_completion_length=GRPO_COMPLETION)
+    args = GRPOConfig(**{**common, "num_generations": NUM_GENERATIONS, "max_completion_length": GRPO_COMPLETION, **grpo})
     return GRPOTrainer(model=model, reward_funcs=reward_for_trainer(reward), args=args, train_dataset=dataset,
                        processing_class=tok, peft_config=lora)
 

@@ -36,9 +36,10 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, eng
     config, grpo_trainer = method.trl()
     args = config(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
                   max_completion_length=t.max_completion_length, **settings)
-    rollouts = None
-    longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
-    if engine_here(plan) if engine is None else engine:
+    rollouts, engine = None, engine_here(plan) if engine is None else engine
+    if engine or plan.get("compile"):
+        longest = max(map(len, tok(text=list(train["prompt"]))["input_ids"])) + t.max_completion_length
+    if engine:
         rollouts = EngineRollouts(tok, plan, rollout_kv_tokens(args.generation_batch_size, longest))
     trainer = grpo_trainer(model=model, reward_funcs=reward_for_trainer(t.reward), args=args, train_dataset=train,
                            processing_class=tok, peft_config=peft_config(t, method.peft_task), rollout_func=rollouts)
@@ -59,15 +60,17 @@ def engine_here(plan: dict) -> bool:
 
 def compile_ahead(model, batch: int, longest: int, context=nullcontext) -> None:
     """Run the compiled layers' forward and backward on every kind of batch training will give them,
-    before training: a GRPO batch's length (longest prompt plus longest completion) changes every
-    step, and it has padding or none (transformers builds another mask without, so the layers trace
-    another graph). Each kind's first batch compiles, and its first second length compiles again,
-    dynamic in the length from then on: four compiles of about 25 s for the 8B shape on an H100,
-    which otherwise fell on whichever step first had a completion end early, mid-training (and
-    after the engine's rollouts had filled the layers' compile cache). Here at the longest batch
-    and one shorter (flex attention compiles once more for a batch within its first 128-token
-    block). The random state is put back, so training draws what it would have drawn, and the
-    gradients are dropped; `context` is what the trainer's forwards run in (its autocast)."""
+    before training, so that no step compiles mid-training. A GRPO batch's length (longest prompt
+    plus longest completion) changes every step, and a batch with padding (a completion that ended
+    early) makes transformers build another attention mask. Dynamo traces a graph for each kind at
+    its first batch, and a graph dynamic in the length at its second length; each twice, as the
+    first layer's input needs no gradient and the others' do: 8 graphs for the 8B shape on an H100
+    (about 100 s up front), which otherwise compiled on whichever step first met a kind (a 34 s
+    step). 8 is also dynamo's default limit of graphs for the layers' code: a kind met after it
+    (forwards without gradients, as GSPO's old log-probabilities or the engine's, or a batch
+    within flex attention's first 128-token block) runs the layers uncompiled, compiling nothing.
+    The random state is put back, so training draws what it would have drawn, and the gradients
+    are dropped; `context` is what the trainer's forwards run in (its autocast)."""
     import torch
 
     training = model.training
