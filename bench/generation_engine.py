@@ -14,6 +14,10 @@ the engine's settings change. Written for one lent GPU; results under $OUT (defa
               its greedy answers equal the eager engine's); 1, 8 and 32 prompts, 128 new tokens,
               twice each, and the greedy tokens of 4 prompts beside the uncompiled engine's
 
+  --static    at 32 and 1 at once: transformers' `generate` with a static cache (compiled, CUDA
+              graphs) on one padded batch, greedy, beside the engine with one sampling setting
+              and compile level 1 (sampled at temperature 1); 128 new tokens, three and two runs
+
   --rollouts  GRPO's rollouts as the checkpoint stage samples them (stages/train/grpo.EngineRollouts):
               the model with LoRA r16 on every linear layer, 8 completions of 256 tokens at
               temperature 1, sampled through the adapter's side matmuls and with the adapter merged
@@ -173,18 +177,57 @@ def rollouts(model, tok, prompts, eos, out: Path) -> dict:
     return res
 
 
+def static(model, tok, prompts, eos, out: Path) -> dict:
+    """32 and 1 at once: transformers' generate with a static cache (its decode step compiled,
+    CUDA graphs) on one padded batch, beside the engine with one sampling setting and compile
+    level 1 (variants' fastest). Greedy, 128 new tokens, the first run (the compile) apart; the
+    results file is rewritten after each measurement, so a run cut short keeps what it measured."""
+    import torch
+
+    from stages.inference.batching import Engine
+
+    res = {"new_tokens": 128}
+
+    def keep(name, value):
+        res[name] = value
+        (out / "static.json").write_text(json.dumps(res, indent=1))
+        print(name, value, flush=True)
+    tok.padding_side = "left"
+    for n in (32, 1):
+        batch = tok.pad({"input_ids": prompts[:n]}, return_tensors="pt").to("cuda")
+        runs = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(**batch, max_new_tokens=128, min_new_tokens=128, do_sample=False, cache_implementation="static")
+            torch.cuda.synchronize()
+            runs.append(round(n * 128 / (time.perf_counter() - t), 1))
+        keep(f"static_generate_{n}", {"first_tok_s": runs[0], "tok_s": runs[1:]})
+    eng = Engine(model, tok, eos, 64 * 1024, {"default_compile_level": 1}, sampling=(1.0, 1.0))
+    try:
+        for n in (32, 1):
+            t = time.perf_counter()
+            rate(eng, prompts[:n], 16, 1.0)
+            keep(f"engine_fixed_c1_{n}", {"first_s": round(time.perf_counter() - t, 1),
+                                          "tok_s": [round(rate(eng, prompts[:n], 128, 1.0), 1) for _ in range(2)]})
+    finally:
+        eng.close()
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--rollouts", action="store_true")
+    ap.add_argument("--static", action="store_true")
     ap.add_argument("--shared", type=Path, default=SHARED)
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp"))
     model, tok = make_model(QWEN3_8B, "cuda", "bfloat16", args.shared / "tokenizers" / "qwen3")
     prompts = [served_prompt(tok, q) for q in real_questions(args.shared, 64)]
     eos = {tok.convert_tokens_to_ids("<|im_end|>")}
-    for flag, fn in (("profile", profile), ("variants", variants), ("rollouts", rollouts)):
+    for flag, fn in (("profile", profile), ("variants", variants), ("rollouts", rollouts), ("static", static)):
         if getattr(args, flag):
             (out / f"{flag}.json").write_text(json.dumps(fn(model, tok, prompts, eos, out), indent=1))
 
