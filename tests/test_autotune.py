@@ -151,6 +151,28 @@ def test_search_keeps_safe_settings_when_the_budget_is_spent():
     assert found["decisions"] is None and calls == []  # nothing measured past the deadline
 
 
+def test_time_up_after_the_screen_keeps_the_fastest_setting_that_ran(monkeypatch):
+    """A budget spent on the screen (a slow or busy machine) plans the fastest safe setting
+    measured, as the module promises ("keeps the best found so far"), rather than nothing; the
+    plan stage would otherwise stop on a machine where training runs."""
+    clock = [0.0]
+    monkeypatch.setattr(autotune, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    table = table_measure({("flash_attention", None): 1000.0, ("efficient_attention", None): 1200.0},
+                          {"off": GiB, "selective": GiB, "full": GiB}, [])
+
+    def measure(s):
+        clock[0] += 10  # each measurement takes 10 s of a 25-s budget
+        return table(s)
+
+    found = autotune.search(measure, autotune.attention_candidates(CUDA), global_batch=4, example_tokens=2048,
+                            deadline=25, total_memory=80 * GiB)
+    d = found["decisions"]
+    assert [m["compile"] for m in found["measurements"]] == [False] * 3  # the screen, then time was up
+    assert (d["sdpa_backend"], d["gradient_checkpointing"], d["micro_batch_size"], d["compile"]) == \
+        ("efficient_attention", "full", 1, False)
+    assert found["tokens_per_s"] == max(m["tokens_per_s"] for m in found["measurements"] if "error" not in m)
+
+
 def test_micro_batches_keep_the_global_batch_exact():
     assert autotune.micro_batches(12) == [1, 2, 3, 4, 6, 12]
 

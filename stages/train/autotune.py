@@ -88,8 +88,10 @@ def search(measure, attention: list[dict], global_batch: int, example_tokens: in
        a lighter one fits SATURATING_TOKENS;
     4. every other attention that ran, compiled, at that winner's checkpointing and micro-batch;
     5. nothing compiled ran: the frontier again, eager, with the screened fastest;
-    6. the fused cross-entropy where its library is present."""
-    tried = []
+    6. the fused cross-entropy where its library is present.
+    Where time runs out before any of 3-5 finds a setting, the fastest measured one that fit is the
+    decision (the screen's safe settings at least); None only where nothing ran and fit."""
+    tried, ran = [], []  # every measurement; (setting, tokens/s) of each that fit
     limit = total_memory * (1 - MEMORY_MARGIN)
     sizes = sorted(micro_batches(global_batch), reverse=True)
 
@@ -99,6 +101,8 @@ def search(measure, attention: list[dict], global_batch: int, example_tokens: in
             return None
         result = measure(setting)
         tried.append({**setting, **result})
+        if fits(result):
+            ran.append((setting, result["tokens_per_s"]))
         return result
 
     def fits(result) -> bool:
@@ -160,6 +164,8 @@ def search(measure, attention: list[dict], global_batch: int, example_tokens: in
             best = (setting, result["tokens_per_s"])
     if best is None and screened:
         best = frontier({**screened[0], "compile": False, "fused_cross_entropy": False})
+    if best is None:  # time ran out before the frontier: the fastest that ran (the screen's, at least)
+        best = max(ran, key=lambda r: r[1], default=None)
     if best is None:
         return {"decisions": None, "measurements": tried}
     if fused_cross_entropy_available():
