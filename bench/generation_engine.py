@@ -54,7 +54,6 @@ def rate(eng, prompts, new: int, temp: float) -> float:
 
 
 def profile(model, tok, prompts, eos, out: Path) -> dict:
-    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -75,16 +74,27 @@ def profile(model, tok, prompts, eos, out: Path) -> dict:
     (out / "engine8_cpu.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
     (out / "engine8_cuda.txt").write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30))
     eng.close()
-    for n in (1, 8):  # static cache + compiled decode through generate
-        tok.padding_side = "left"
-        batch = tok.pad({"input_ids": prompts[:n]}, return_tensors="pt").to("cuda")
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            model.generate(**batch, max_new_tokens=128, min_new_tokens=128, do_sample=False, cache_implementation="static")
-            torch.cuda.synchronize()
-            res.setdefault(f"static_generate_{n}", []).append(n * 128 / (time.perf_counter() - t))
+    for n in (1, 8):
+        res[f"static_generate_{n}"] = static_generate_rates(model, tok, prompts[:n])
     return res
+
+
+def static_generate_rates(model, tok, prompts, runs: int = 3) -> list[float]:
+    """Tokens per second of transformers' generate with a static cache (its decode step compiled,
+    CUDA graphs) on `prompts` as one left-padded batch, greedy, 128 new tokens each, `runs` times
+    (the first includes the compile)."""
+    import torch
+
+    tok.padding_side = "left"
+    batch = tok.pad({"input_ids": prompts}, return_tensors="pt").to("cuda")
+    rates = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(**batch, max_new_tokens=128, min_new_tokens=128, do_sample=False, cache_implementation="static")
+        torch.cuda.synchronize()
+        rates.append(len(prompts) * 128 / (time.perf_counter() - t))
+    return rates
 
 
 def variants(model, tok, prompts, eos, out: Path) -> dict:
@@ -182,8 +192,6 @@ def static(model, tok, prompts, eos, out: Path) -> dict:
     CUDA graphs) on one padded batch, beside the engine with one sampling setting and compile
     level 1 (variants' fastest). Greedy, 128 new tokens, the first run (the compile) apart; the
     results file is rewritten after each measurement, so a run cut short keeps what it measured."""
-    import torch
-
     from stages.inference.batching import Engine
 
     res = {"new_tokens": 128}
@@ -192,16 +200,8 @@ def static(model, tok, prompts, eos, out: Path) -> dict:
         res[name] = value
         (out / "static.json").write_text(json.dumps(res, indent=1))
         print(name, value, flush=True)
-    tok.padding_side = "left"
     for n in (32, 1):
-        batch = tok.pad({"input_ids": prompts[:n]}, return_tensors="pt").to("cuda")
-        runs = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            model.generate(**batch, max_new_tokens=128, min_new_tokens=128, do_sample=False, cache_implementation="static")
-            torch.cuda.synchronize()
-            runs.append(round(n * 128 / (time.perf_counter() - t), 1))
+        runs = [round(r, 1) for r in static_generate_rates(model, tok, prompts[:n])]
         keep(f"static_generate_{n}", {"first_tok_s": runs[0], "tok_s": runs[1:]})
     eng = Engine(model, tok, eos, 64 * 1024, {"default_compile_level": 1}, sampling=(1.0, 1.0))
     try:
