@@ -19,6 +19,9 @@ TOKENIZER_FILES = ("tokenizer*", "chat_template.jinja", "special_tokens_map.json
 TRAINED = ("model/*", "adapter/*")
 # the recipe as the receipt records it: where it is served, anchored or published is no part of what it proves
 RECEIPT_SECTIONS = tuple(name for name in Recipe.model_fields if name not in ("serve", "anchor", "publish"))
+# Quark's import (12-20 s on the lent GPU hosts), for the quantized stage and for loading its exports;
+# our module first, which sets what Quark reads as it imports
+QUARK = ("stages.model.quark", "quark.torch")
 RECEIPT_PACKAGES = ("python", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "datasets",
                     "lm-eval", "amd-quark", "safetensors", "blake3", "doit", "pydantic")
 
@@ -40,12 +43,13 @@ STAGES = {s.name: s for s in [
     Stage("quantized", "stages.quantized", ("quantize",),
           {"base": MODEL_FILES, "checkpoint": TRAINED, "shards": ("train/*",), "plan": ("plan.json",)},
           ("torch", "transformers", "peft", "amd-quark"),
-          "Quark exports in HF format, one per scheme (LoRA merged first)"),
+          "Quark exports in HF format, one per scheme (LoRA merged first)", preload=QUARK + ("peft",)),
     Stage("eval", "stages.eval", ("eval", "train.method", "train.reward"),
           {"base": MODEL_FILES, "checkpoint": TRAINED, "quantized": ("*/*",),
            "shards": ("heldout/*",), "plan": ("plan.json",)},
           ("torch", "transformers", "peft", "lm-eval", "amd-quark", "datasets"),
-          "eval.json from lm-eval: base, trained and each quantized model scored and sized"),
+          "eval.json from lm-eval: base, trained and each quantized model scored and sized",
+          preload=QUARK + ("peft", "lm_eval.evaluator", "lm_eval.models.huggingface", "lm_eval.tasks")),
     Stage("manifest", "stages.manifest", RECEIPT_SECTIONS,
           {s: ("*",) for s in ("base", "plan", "shards", "checkpoint", "quantized", "eval")},
           RECEIPT_PACKAGES, "manifest.json: BLAKE3 of everything", records_keys=True),

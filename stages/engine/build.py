@@ -14,7 +14,7 @@ from typing import TextIO
 
 from doit.exceptions import TaskFailed
 
-from stages.engine import keys, remote, terminal
+from stages.engine import keys, preload, remote, terminal
 from stages.engine.declared import UndeclaredInput, recipe_view, upstream_view
 from stages.engine.errors import UserError
 from stages.engine.inputs import key_inputs, upstream_artifacts
@@ -134,7 +134,8 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
             unreadable = [p for p in damage if UNREADABLE in p]
             if unreadable:  # not damage to rebuild over: the owner's permissions, theirs to mend
                 raise UserError(f"{stage.name}:{recipe_name}: {unreadable[0]}; nothing was rebuilt")
-            warned = build_key(recipe_name, stage, inputs, key, artifacts)
+            preload.start(preload.wanted(stage, table), st.root / "work" / "preload.log")
+            warned = preload.run(stage, build_key, recipe_name, stage, inputs, key, artifacts)
             return {"library_warnings": warned}  # for the run's closing summary (console.py)
     except (UserError, UndeclaredInput) as e:
         return TaskFailed(str(located(recipe_name, e)))
@@ -162,13 +163,16 @@ def shown_path(path: Path) -> str:
     return str(path.relative_to(root())) if path.is_relative_to(root()) else str(path)
 
 
-def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict]) -> int:
+def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict], begun: float,
+              where: str) -> int:
     """Build the stage's artifact for this key (its lock held) from the upstream artifacts its
     key was computed from, and commit it. What the libraries print or log while it builds goes
     to its log (stages/engine/terminal.py), which is kept beside the artifact, or beside where
     it would be, as <key>.failed.log, when the build fails other than on bad input. The console
     gets the stage's own lines: what its module's summary() says of the artifact, and one line
-    with its time, digest, and the library warnings in its log. Returns how many there were."""
+    with its time (from `begun`, time.monotonic() when the run's process began it), digest, and the
+    library warnings in its log. `where` says which process builds it (stages/engine/preload.py).
+    Returns how many warnings there were."""
     st = store()
     tmp = st.temp_dir(stage.name, key)
     log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
@@ -177,11 +181,10 @@ def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts:
     try:
         with terminal.captured(log_tmp) as out:
             log = _logger(log_tmp, f"{stage.name}.{recipe_name}", out.console)
-            log.debug("building %s:%s key=%s", stage.name, recipe_name, key)
+            log.debug("building %s:%s key=%s %s", stage.name, recipe_name, key, where)
             ctx = context(recipe_name, stage, recipe(recipe_name), inputs, key, artifacts, view, log, out.console)
-            start = time.monotonic()
             module(stage).build(ctx, tmp)
-            ctx.run["seconds"] = round(time.monotonic() - start, 3)
+            ctx.run["seconds"] = round(time.monotonic() - begun, 3)
             meta = st.commit(stage.name, key, tmp, {"inputs": inputs, "run": ctx.run})
             st.set_pointer(recipe_name, stage.name, key, meta["digest"])
             summary = getattr(module(stage), "summary", None)

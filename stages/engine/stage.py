@@ -35,6 +35,9 @@ class Stage:
     # an upstream rebuilt to the same bytes under a new key (new code, same output) makes a new
     # record rather than leaving the old keys in it
     records_keys: bool = False
+    # modules its build needs that are slow to import: a process imports them while the stages before
+    # it build, and it builds in a child forked from that one (stages/engine/preload.py)
+    preload: tuple[str, ...] = ()
 
 
 def module(stage: Stage):

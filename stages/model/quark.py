@@ -11,12 +11,15 @@ import logging
 import os
 from pathlib import Path
 
+# Quark reads this as it is imported, wherever that is (the preload server imports this module
+# before quark.torch: stages/table.py): the same bytes, and no C++/inductor build at run time
+os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+
 
 def export(model, scheme: str, calibration: list, dest: Path, log: logging.Logger) -> None:
     """Quantize `model` in place with Quark's `scheme` (calibrated on the batches of token ids in
     `calibration`) and write it to `dest` as safetensors with real quantized weights; `log` gets
     a line as each part ends, so the stage's log says where its time went."""
-    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # same bytes, no C++/inductor build at run time
     from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
 
     log.debug("Quark imported (its first import on a machine builds its C++ kernels)")
