@@ -1,6 +1,6 @@
-"""The quantized and eval stages build in children of a fork server that imported Quark (and
-lm-eval, PEFT) while training ran (stages/engine/preload.py): the same bytes as built in doit's
-own process, their console lines on the run's console, and no process outliving the run."""
+"""The quantized and eval stages build in a worker process that imported Quark (and lm-eval,
+PEFT) while training ran (stages/engine/preload.py): the same bytes as built in doit's own
+process, their console lines on the run's console, and no process outliving the run."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from stages.engine.preload import wanted
 from stages.table import STAGES
 
 ALWAYS = {"PYTHONHASHSEED": "1", "MINDXTRAIN_PRELOAD": "always"}
-FORKED = re.compile(r"forked from the preload server \(pid (\d+)\)")
+IN_WORKER = re.compile(r"in the preload worker \(pid (\d+)\)")
 
 
 def first_line(project: Path, stage: str) -> str:
@@ -46,41 +46,41 @@ def test_the_imports_start_with_the_last_stage_the_first_preloading_one_reads():
         assert wanted(STAGES[name], STAGES) == [], name
 
 
-def test_preloaded_stages_build_forked_to_the_same_bytes(fresh, built):
+def test_preloaded_stages_build_in_the_worker_to_the_same_bytes(fresh, built):
     run = doit(fresh, "manifest:tiny", env=ALWAYS)
     assert run.rc == 0, run.out[-3000:]
-    servers = set()
+    workers = set()
     for stage in ALL_STAGES:
         line = first_line(fresh, stage)
-        forked = FORKED.search(line)
-        assert bool(forked) == (stage in ("quantized", "eval")), line
-        if forked:
-            servers.add(int(forked.group(1)))
-    assert "fp8: quantized loss" in run.out  # a child's lines reach the run's console
+        in_worker = IN_WORKER.search(line)
+        assert bool(in_worker) == (stage in ("quantized", "eval")), line
+        if in_worker:
+            workers.add(int(in_worker.group(1)))
+    assert "fp8: quantized loss" in run.out  # the worker's lines reach the run's console
     assert "imported quark.torch" in (fresh / "artifacts" / "work" / "preload.log").read_text()
     for stage in ALL_STAGES:
         assert (json.loads((fresh / "artifacts" / "tiny" / f"{stage}.json").read_text())
                 == json.loads((built / "artifacts" / "tiny" / f"{stage}.json").read_text())), stage
-    (server,) = servers
-    assert gone(server, within=5)  # it ends with the run
+    (worker,) = workers  # one worker built both
+    assert gone(worker, within=5)  # it ends with the run
 
 
-def test_a_forked_build_ends_with_the_run_killed_alone(fresh):
-    """kill -9 of doit alone (not its process group) ends the child building quantized, which
-    would otherwise build on with nobody to take its work, and the server."""
+def test_the_worker_ends_with_the_run_killed_alone(fresh):
+    """kill -9 of doit alone (not its process group) ends the worker building quantized, which
+    would otherwise build on with nobody to take its work."""
     env = {**os.environ, **NO_NETWORK, **ALWAYS}
     proc = subprocess.Popen([sys.executable, "-m", "doit", "manifest:tiny"], cwd=fresh, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline, child = time.time() + 300, None
-        while child is None and time.time() < deadline and proc.poll() is None:
+        deadline, worker = time.time() + 300, None
+        while worker is None and time.time() < deadline and proc.poll() is None:
             tmp = [p for p in (fresh / "artifacts" / "store").glob("quantized/.tmp-*") if p.is_dir()]
-            child = int(tmp[0].name.rsplit("-", 1)[1]) if tmp else None
+            worker = int(tmp[0].name.rsplit("-", 1)[1]) if tmp else None
             time.sleep(0.01)
-        assert child is not None and child != proc.pid, "quantized never started in a child"
+        assert worker is not None and worker != proc.pid, "quantized never started in the worker"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        assert gone(child, within=5)
+        assert gone(worker, within=5)
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
     assert not (fresh / "artifacts" / "tiny" / "quantized.json").exists()

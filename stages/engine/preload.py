@@ -1,27 +1,26 @@
-"""Stages whose libraries are slow to import build in a process forked from one that imported
-them while the stages before them built.
+"""Stages whose libraries are slow to import build in a worker process that imported them
+while the stages before them built.
 
 Quark's import takes 12-20 s on the lent GPU hosts (it parses every transformers modeling file
 to find MoE expert classes, and builds its C++ kernels on a new machine), a third of the
 quantized and eval stages of an 8B build. The imports are the same whatever the model, so they
 need not wait for training: when the last stage a preloading row reads starts to build
-(checkpoint, for quantized), multiprocessing's fork server starts and imports the rows' modules
-(`preload`) in a process of its own, on a core training leaves idle and not on the building
-process's GIL; each such stage then builds in a child forked from it, which finds them
-imported. A stage's `seconds` count from when its build began in the run's process, so time
-spent waiting for the imports is in them. Where the machine has fewer than MIN_CPUS, training
-needs every core, and nothing is preloaded; MINDXTRAIN_PRELOAD=always or never overrides that.
+(checkpoint, for quantized), a worker process starts and imports the rows' modules (`preload`),
+on a core training leaves idle and not on the building process's GIL; the preloading stages
+then build in that worker, one after another, as they would in the run's process. A stage's
+`seconds` count from when its build began in the run's process, so time spent waiting for the
+imports is in them. Where the machine has fewer than MIN_CPUS, training needs every core, and
+nothing is preloaded; MINDXTRAIN_PRELOAD=always or never overrides that.
 
-The server's own output (Quark's lines as it imports) goes to artifacts/work/preload.log; each
-child writes to the console the run started with, and builds as any stage does
-(stages/engine/build.py). A child ends as soon as the run's process does (killed, or ^C), and
-the server too. Where the server cannot give a usable child (its imports initialized CUDA,
-which a forked process cannot use, or the server is gone), the stage builds in the run's
-process, as it would without preloading, and its log's first line says so.
+The worker is spawned, not forked: Quark's import initializes CUDA, which a process forked after
+it cannot use (measured on an H100). Its imports' output (Quark's lines) goes to
+artifacts/work/preload.log; while it builds it writes to the console the run started with, and
+builds as any stage does (stages/engine/build.py). It ends with the run's process, however that
+ends (killed, ^C, done).
 """
 from __future__ import annotations
 
-import json
+import atexit
 import os
 import sys
 import threading
@@ -31,17 +30,41 @@ import traceback
 from stages.engine.errors import UserError
 
 SWITCH = "MINDXTRAIN_PRELOAD"  # always, never, or (unset) where the machine has MIN_CPUS
-# Below this many usable CPUs the server's imports take a share of the machine training needs (tiny
+# Below this many usable CPUs the worker's imports take a share of the machine training needs (tiny
 # on 2 cores: 26 s for the whole build against 23 s without); from it on they take a core training leaves idle
 MIN_CPUS = 4
-SERVER_ENV = "MINDXTRAIN_PRELOAD_SERVER"  # set only while the server starts: the modules, and where its output goes
-CONSOLE: tuple[int, int] | None = None  # in the server and its children: the run's file descriptors 1 and 2
-CUDA_TAKEN = False  # in the server: an import initialized CUDA, so its children cannot use the GPU
-started = False  # in the run's process: the server is running
+worker = None  # in the run's process: the Worker, once started
 
 
-class NotForkable(Exception):
-    """This server's children cannot build the stage (CUDA was initialized in it): build in the run's process."""
+class RemoteFailure(Exception):
+    """The worker's traceback of an exception raised there (the exception itself is raised here)."""
+
+
+class Worker:
+    """A spawned process that imports `modules` and then runs calls sent to it, one at a time."""
+
+    def __init__(self, modules: list[str], log_path: str):
+        import multiprocessing
+
+        spawn = multiprocessing.get_context("spawn")
+        self.conn, theirs = spawn.Pipe()
+        # it takes this process's environment and file descriptors (the console) as they are now
+        self.process = spawn.Process(target=_serve, args=(theirs, modules, log_path), name="mindxtrain-preload")
+        self.process.start()
+        theirs.close()
+        atexit.register(self.process.terminate)  # before multiprocessing's own exit joins it
+
+    def call(self, function, *args):
+        self.conn.send((function, args))
+        try:
+            ok, value, trace = self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise RuntimeError(f"the preload worker ended (exit code {self.process.exitcode}) while it built; "
+                               f"nothing of that build was stored") from None
+        if ok:
+            return value
+        raise value from RemoteFailure(trace)
 
 
 def wanted(stage, table: dict) -> list[str]:
@@ -66,107 +89,79 @@ def wanted(stage, table: dict) -> list[str]:
 
 
 def start(modules: list[str], log_path) -> None:
-    """Start the fork server (once a process), which imports `modules` in the background: where
-    the machine has MIN_CPUS or more, or MINDXTRAIN_PRELOAD says always (never: not at all)."""
-    global started
+    """Start the worker (once a process), which imports `modules` in the background: where the
+    machine has MIN_CPUS or more, or MINDXTRAIN_PRELOAD says always (never: not at all)."""
+    global worker
     switch = os.environ.get(SWITCH, "")
     if switch not in ("", "always", "never"):
         raise UserError(f"{SWITCH}={switch!r}: say always, never, or leave it unset (preload where the machine "
                         f"has {MIN_CPUS} CPUs or more)")
-    if started or not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS):
+    if worker is not None or not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS):
         return
-    import multiprocessing
-    import multiprocessing.forkserver
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
-    os.environ[SERVER_ENV] = json.dumps({"modules": modules, "log": str(log_path)})
-    try:  # the server takes this process's environment and file descriptors as they are now
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        del os.environ[SERVER_ENV]
-    started = True
+    worker = Worker(modules, str(log_path))
 
 
-def _serve() -> None:
-    """In the fork server, at its import of this module: the run's console kept aside for the
-    children, the server's own output to its log, and the modules imported. An import that fails
-    is in the log and is tried again by the stage, which then reports it as its own failure."""
-    global CONSOLE, CUDA_TAKEN
-    spec = json.loads(os.environ.pop(SERVER_ENV))
-    CONSOLE = os.dup(1), os.dup(2)
-    os.makedirs(os.path.dirname(spec["log"]), exist_ok=True)
-    log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    run = os.getppid()
-
-    def watch():  # the run's process gone (its importing reparents this one): stop, even mid-import
-        while os.getppid() == run:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="run-watch").start()
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without initializing CUDA
-    for module in spec["modules"]:
-        begun = time.monotonic()
-        try:
-            __import__(module)
-            print(f"imported {module} in {time.monotonic() - begun:.1f}s", flush=True)
-        except BaseException:  # noqa: BLE001 - the server must live on; the stage imports it again and says why
-            traceback.print_exc()
-    torch = sys.modules.get("torch")
-    CUDA_TAKEN = bool(torch is not None and torch.cuda.is_initialized())
-    if CUDA_TAKEN:
-        print("an import initialized CUDA: stages build in the run's process instead", flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-
-
-if SERVER_ENV in os.environ and CONSOLE is None:
-    _serve()
-
-
-def _child(function, args, cwd: str, begun: float):
-    """In a child of the server: the run's console back on 1 and 2, its working directory, a
-    watch that ends this process with the run's, then function(*args, begun, where)."""
-    if CUDA_TAKEN or CONSOLE is None:
-        raise NotForkable()
-    os.dup2(CONSOLE[0], 1)
-    os.dup2(CONSOLE[1], 2)
-    os.chdir(cwd)
+def _serve(conn, modules: list[str], log_path: str) -> None:
+    """The worker: a watch that ends it with the run's process, the imports (their output to
+    log_path; one that fails is in that log, and the stage imports it again and says why), then
+    each call sent, answered with its result or its exception and traceback."""
     import multiprocessing
 
     run = multiprocessing.parent_process()
 
     def watch():
         run.join()
-        os._exit(1)  # the run is gone: nobody will take this build; its temporary directory is left as a kill leaves it
+        os._exit(1)  # the run is gone: nobody will take what this builds; a temporary directory is left as a kill leaves it
 
     threading.Thread(target=watch, daemon=True, name="run-watch").start()
-    return function(*args, begun, f"in a process forked from the preload server (pid {os.getppid()})")
+    console = os.dup(1), os.dup(2)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    for module in modules:
+        begun = time.monotonic()
+        try:
+            __import__(module)
+            print(f"imported {module} in {time.monotonic() - begun:.1f}s", flush=True)
+        except BaseException:  # noqa: BLE001 - the worker must live on to build
+            traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, saved in zip((1, 2), console):
+        os.dup2(saved, fd)
+        os.close(saved)
+    while True:
+        try:
+            function, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send((True, function(*args), None))
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the run, as it would be raised there
+            trace = traceback.format_exc()
+            try:
+                conn.send((False, e, trace))
+            except Exception:  # noqa: BLE001 - an exception that does not pickle goes back as its text
+                conn.send((False, RuntimeError(f"{type(e).__name__}: {e}"), trace))
+
+
+def _build(function, args, cwd: str, begun: float):
+    os.chdir(cwd)
+    return function(*args, begun, f"in the preload worker (pid {os.getpid()})")
 
 
 def run(stage, function, *args):
-    """function(*args, begun, where) in a child of the fork server where `stage` preloads and the
-    server runs, else here; `begun` is when this started (time.monotonic(), the same clock in every
-    process), `where` a few words on which process runs it. Its result, or its exception raised here."""
+    """function(*args, begun, where) in the worker where `stage` preloads and the worker runs, else
+    here; `begun` is when this started (time.monotonic(), the same clock in every process),
+    `where` a few words on which process runs it. Its result, or its exception raised here."""
     begun = time.monotonic()
-    if not (stage.preload and started):
+    if not (stage.preload and worker is not None):
         return function(*args, begun, "in the run's process")
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
+    if not worker.process.is_alive():
+        return function(*args, begun, f"in the run's process (the preload worker ended, exit code {worker.process.exitcode})")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()  # what this process's allocator holds from earlier stages is the child's to use
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"), max_tasks_per_child=1) as pool:
-        try:
-            future = pool.submit(_child, function, args, os.getcwd(), begun)  # forks the child, or fails
-        except (OSError, EOFError) as e:  # the server is gone: build here, as without preloading
-            return function(*args, begun, f"in the run's process (the preload server is gone: {e})")
-        try:
-            return future.result()
-        except NotForkable:
-            return function(*args, begun, "in the run's process (an import in the preload server initialized CUDA, "
-                                          "which a forked process cannot use: artifacts/work/preload.log)")
+        torch.cuda.empty_cache()  # what this process's allocator holds from earlier stages is the worker's to use
+    return worker.call(_build, function, args, os.getcwd(), begun)
