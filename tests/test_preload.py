@@ -74,8 +74,9 @@ def test_the_worker_ends_with_the_run_killed_alone(fresh):
     try:
         deadline, worker = time.time() + 300, None
         while worker is None and time.time() < deadline and proc.poll() is None:
-            tmp = [p for p in (fresh / "artifacts" / "store").glob("quantized/.tmp-*") if p.is_dir()]
-            worker = int(tmp[0].name.rsplit("-", 1)[1]) if tmp else None
+            tmp = [m for p in (fresh / "artifacts" / "store").glob("quantized/.tmp-*")
+                   if (m := re.fullmatch(r"\.tmp-[0-9a-f]+-(\d+)", p.name))]  # its dir, named by the pid building it
+            worker = int(tmp[0].group(1)) if tmp else None
             time.sleep(0.01)
         assert worker is not None and worker != proc.pid, "quantized never started in the worker"
         os.kill(proc.pid, signal.SIGKILL)
