@@ -57,6 +57,7 @@ def test_preloaded_stages_build_in_the_worker_to_the_same_bytes(fresh, built):
         if in_worker:
             workers.add(int(in_worker.group(1)))
     assert "fp8: quantized loss" in run.out  # the worker's lines reach the run's console
+    assert "leaked" not in run.out  # and it ended as a process should (multiprocessing's resource tracker says)
     assert "imported quark.torch" in (fresh / "artifacts" / "work" / "preload.log").read_text()
     for stage in ALL_STAGES:
         assert (json.loads((fresh / "artifacts" / "tiny" / f"{stage}.json").read_text())

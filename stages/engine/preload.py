@@ -34,6 +34,7 @@ SWITCH = "MINDXTRAIN_PRELOAD"  # always, never, or (unset) where the machine has
 # on 2 cores: 26 s for the whole build against 23 s without); from it on they take a core training leaves idle
 MIN_CPUS = 4
 worker = None  # in the run's process: the Worker, once started
+ENDING_S = 30  # how long the run's exit waits for a worker that built to end
 
 
 class RemoteFailure(Exception):
@@ -52,9 +53,21 @@ class Worker:
         self.process = spawn.Process(target=_serve, args=(theirs, modules, log_path), name="mindxtrain-preload")
         self.process.start()
         theirs.close()
-        atexit.register(self.process.terminate)  # before multiprocessing's own exit joins it
+        self.called = False
+        atexit.register(self.end)  # before multiprocessing's own exit joins it
+
+    def end(self) -> None:
+        """At the run's exit. One that built leaves its loop as its pipe closes and exits as a
+        process should: terminated, it left a lock (tqdm's) to the resource tracker, which warned
+        of a leaked semaphore on the console. One that only imported (the run ended before a
+        preloading stage) is terminated, not waited for."""
+        self.conn.close()
+        if self.called:
+            self.process.join(ENDING_S)
+        self.process.terminate()
 
     def call(self, function, *args):
+        self.called = True
         self.conn.send((function, args))
         try:
             ok, value, trace = self.conn.recv()
