@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ALL_STAGES, NO_NETWORK, doit
+import pytest
+
+from conftest import ALL_STAGES, NO_NETWORK, doit, snapshot
 from stages.engine.preload import wanted
 from stages.table import STAGES
 
@@ -93,3 +95,18 @@ def test_a_preload_switch_it_does_not_know_is_one_line(fresh):
     assert run.rc != 0
     assert "MINDXTRAIN_PRELOAD='sometimes': say always, never, or leave it unset" in run.out, run.out[-2000:]
     assert "Traceback" not in run.out
+
+
+@pytest.mark.parametrize("preload", ["always", "never"])
+def test_bad_input_found_in_the_worker_or_not_is_one_line_and_stores_nothing(warm, preload):
+    """A calibration that takes every sequence of the first shard leaves none to check the export
+    on: one line naming the key, raised in the worker as in the run's process (it had been
+    safetensors' error on an empty slice, with a traceback)."""
+    recipe = warm / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("calibration_sequences: 8", "calibration_sequences: 100000"))
+    before = {k: v for k, v in snapshot(warm).items() if not k.startswith("work/")}
+    run = doit(warm, "quantized:tiny", env={"MINDXTRAIN_PRELOAD": preload})
+    assert run.rc != 0
+    assert "quantize.calibration_sequences: 100000 leaves none of the first shard's sequences" in run.out, run.out[-2000:]
+    assert "Traceback" not in run.out
+    assert {k: v for k, v in snapshot(warm).items() if not k.startswith("work/")} == before

@@ -51,4 +51,8 @@ def read(path: Path, first: int = 0, count: int | None = None) -> dict[str, np.n
         stop = n if count is None else min(first + count, n)
         documents = f.get_tensor("documents")
         documents = documents[(documents[:, 0] >= first) & (documents[:, 0] < stop)] - [first, 0, 0]
-        return columns(f.get_slice("input_ids")[first:stop], f.get_slice("loss_mask")[first:stop], documents)
+
+        def rows(name):  # safetensors refuses an empty slice ([n:n]): then the last row, cut to none
+            return f.get_slice(name)[first:stop] if stop > first else f.get_slice(name)[n - 1:n][:0]
+
+        return columns(rows("input_ids"), rows("loss_mask"), documents)

@@ -13,3 +13,6 @@ class RecipeError(UserError):
     def __init__(self, key: str, problem: str):
         super().__init__(f"recipe {key}: {problem}")
         self.key, self.problem = key, problem
+
+    def __reduce__(self):  # raised in the preload worker, it is unpickled in the run's process
+        return RecipeError, (self.key, self.problem)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import sys
 import threading
 import time
@@ -155,9 +156,10 @@ def _serve(conn, modules: list[str], log_path: str) -> None:
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the run, as it would be raised there
             trace = traceback.format_exc()
             try:
-                conn.send((False, e, trace))
-            except Exception:  # noqa: BLE001 - an exception that does not pickle goes back as its text
-                conn.send((False, RuntimeError(f"{type(e).__name__}: {e}"), trace))
+                pickle.loads(pickle.dumps(e))  # what the run's process will unpickle
+            except Exception:  # noqa: BLE001 - an exception that does not come back whole goes back as its text
+                e = RuntimeError(f"{type(e).__name__}: {e}")
+            conn.send((False, e, trace))
 
 
 def _build(function, args, cwd: str, begun: float):
