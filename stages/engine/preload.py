@@ -35,6 +35,7 @@ SWITCH = "MINDXTRAIN_PRELOAD"  # always, never, or (unset) where the machine has
 # on 2 cores: 26 s for the whole build against 23 s without); from it on they take a core training leaves idle
 MIN_CPUS = 4
 worker = None  # in the run's process: the Worker, once started
+STARTING = threading.Lock()  # doit -P: two tasks may start at once
 ENDING_S = 30  # how long the run's exit waits for a worker that built to end
 
 
@@ -54,7 +55,7 @@ class Worker:
         self.process = spawn.Process(target=_serve, args=(theirs, modules, log_path), name="mindxtrain-preload")
         self.process.start()
         theirs.close()
-        self.called = False
+        self.called, self.lock = False, threading.Lock()  # one call at a time (doit -P runs tasks on threads)
         atexit.register(self.end)  # before multiprocessing's own exit joins it
 
     def end(self) -> None:
@@ -69,9 +70,10 @@ class Worker:
 
     def call(self, function, *args):
         self.called = True
-        self.conn.send((function, args))
         try:
-            ok, value, trace = self.conn.recv()
+            with self.lock:
+                self.conn.send((function, args))
+                ok, value, trace = self.conn.recv()
         except EOFError:
             self.process.join(5)
             raise RuntimeError(f"the preload worker ended (exit code {self.process.exitcode}) while it built; "
@@ -110,9 +112,11 @@ def start(modules: list[str], log_path) -> None:
     if switch not in ("", "always", "never"):
         raise UserError(f"{SWITCH}={switch!r}: say always, never, or leave it unset (preload where the machine "
                         f"has {MIN_CPUS} CPUs or more)")
-    if worker is not None or not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS):
+    if not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS):
         return
-    worker = Worker(modules, str(log_path))
+    with STARTING:
+        if worker is None:
+            worker = Worker(modules, str(log_path))
 
 
 def _serve(conn, modules: list[str], log_path: str) -> None:
