@@ -55,10 +55,15 @@ NO_NETWORK = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0
               "NO_PROXY": "", "no_proxy": ""}
 
 
+# Every stage in doit's own process unless a test says otherwise (test_preload.py does), so the suite
+# runs alike on 2 CPUs and on 16, where each build that trains would otherwise import Quark beside it
+IN_PROCESS = {"MINDXTRAIN_PRELOAD": "never"}
+
+
 def doit(project: Path, *args, env=None, timeout=900) -> Run:
     start = time.time()
     p = subprocess.run([sys.executable, "-m", "doit", *args], cwd=project, capture_output=True,
-                       text=True, timeout=timeout, env={**os.environ, **NO_NETWORK, **(env or {})})
+                       text=True, timeout=timeout, env={**os.environ, **NO_NETWORK, **IN_PROCESS, **(env or {})})
     return Run(p.returncode, p.stdout + p.stderr, time.time() - start)
 
 
@@ -77,8 +82,7 @@ ALL_STAGES = {"base", "plan", "shards", "checkpoint", "quantized", "eval", "mani
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Path:
     project = copy_project(tmp_path_factory.mktemp("built"))
-    # every stage in doit's own process, whatever the machine: test_preload builds in forked ones and compares
-    run = doit(project, "manifest:tiny", env={"PYTHONHASHSEED": "1", "MINDXTRAIN_PRELOAD": "never"})
+    run = doit(project, "manifest:tiny", env={"PYTHONHASHSEED": "1"})  # in doit's process: test_preload compares
     assert run.rc == 0, run.out[-3000:]
     assert run.stages_ran() == ALL_STAGES
     return project
