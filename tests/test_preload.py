@@ -28,11 +28,13 @@ def first_line(project: Path, stage: str) -> str:
 
 
 def gone(pid: int, within: float) -> bool:
+    """The process has ended (a zombie that nobody has reaped yet has ended too)."""
     deadline = time.time() + within
     while time.time() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
             return True
         time.sleep(0.1)
     return False
@@ -86,7 +88,11 @@ def test_the_worker_ends_with_the_run_killed_alone(fresh):
         proc.wait()
         assert gone(worker, within=5)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its session
+        except ProcessLookupError:
+            pass
+        proc.wait()
     assert not (fresh / "artifacts" / "tiny" / "quantized.json").exists()
 
 
@@ -109,4 +115,24 @@ def test_bad_input_found_in_the_worker_or_not_is_one_line_and_stores_nothing(war
     assert run.rc != 0
     assert "quantize.calibration_sequences: 100000 leaves none of the first shard's sequences" in run.out, run.out[-2000:]
     assert "Traceback" not in run.out
+    assert (warm / "artifacts" / "work" / "preload.log").exists() == (preload == "always")
     assert {k: v for k, v in snapshot(warm).items() if not k.startswith("work/")} == before
+
+
+def test_the_worker_builds_from_the_recipe_the_run_computed_its_key_from(fresh, built):
+    """The recipe edited while training runs: the run computed every key from the recipe it
+    loaded at its start, and the worker, which reads the recipe only when it builds, builds from
+    that one too, not from the file as it is then."""
+    env = {**os.environ, **NO_NETWORK, **ALWAYS}
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "manifest:tiny"], cwd=fresh, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((fresh / "artifacts" / "store").glob("checkpoint/.tmp-*")) and time.time() < deadline:
+        time.sleep(0.01)
+    recipe = fresh / "recipes" / "tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("calibration_sequences: 8", "calibration_sequences: 4"))
+    assert proc.wait(timeout=600) == 0
+    assert IN_WORKER.search(first_line(fresh, "quantized"))
+    for stage in ("quantized", "eval"):
+        assert (json.loads((fresh / "artifacts" / "tiny" / f"{stage}.json").read_text())
+                == json.loads((built / "artifacts" / "tiny" / f"{stage}.json").read_text())), stage

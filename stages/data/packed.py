@@ -52,7 +52,7 @@ def read(path: Path, first: int = 0, count: int | None = None) -> dict[str, np.n
         documents = f.get_tensor("documents")
         documents = documents[(documents[:, 0] >= first) & (documents[:, 0] < stop)] - [first, 0, 0]
 
-        def rows(name):  # safetensors refuses an empty slice ([n:n]): then the last row, cut to none
-            return f.get_slice(name)[first:stop] if stop > first else f.get_slice(name)[n - 1:n][:0]
+        def rows(name):  # safetensors refuses an empty slice ([n:n]); none asked for is rare, so read all, keep none
+            return f.get_slice(name)[first:stop] if stop > first else f.get_tensor(name)[:0]
 
         return columns(rows("input_ids"), rows("loss_mask"), documents)

@@ -135,7 +135,7 @@ def build(recipe_name: str, stage: Stage, table: dict[str, Stage]):
             if unreadable:  # not damage to rebuild over: the owner's permissions, theirs to mend
                 raise UserError(f"{stage.name}:{recipe_name}: {unreadable[0]}; nothing was rebuilt")
             preload.start(preload.wanted(stage, table), st.root / "work" / "preload.log")
-            warned = preload.run(stage, build_key, recipe_name, stage, inputs, key, artifacts)
+            warned = preload.run(stage, build_key, recipe_name, stage, recipe(recipe_name), inputs, key, artifacts)
             return {"library_warnings": warned}  # for the run's closing summary (console.py)
     except (UserError, UndeclaredInput) as e:
         return TaskFailed(str(located(recipe_name, e)))
@@ -163,16 +163,17 @@ def shown_path(path: Path) -> str:
     return str(path.relative_to(root())) if path.is_relative_to(root()) else str(path)
 
 
-def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts: dict[str, dict], begun: float,
-              where: str) -> int:
-    """Build the stage's artifact for this key (its lock held) from the upstream artifacts its
-    key was computed from, and commit it. What the libraries print or log while it builds goes
-    to its log (stages/engine/terminal.py), which is kept beside the artifact, or beside where
-    it would be, as <key>.failed.log, when the build fails other than on bad input. The console
-    gets the stage's own lines: what its module's summary() says of the artifact, and one line
-    with its time (from `begun`, time.monotonic() when the run's process began it), digest, and the
-    library warnings in its log. `where` says which process builds it (stages/engine/preload.py).
-    Returns how many warnings there were."""
+def build_key(recipe_name: str, stage: Stage, full: Recipe, inputs: dict, key: str, artifacts: dict[str, dict],
+              begun: float | None, where: str) -> int:
+    """Build the stage's artifact for this key (its lock held) from `full` (the recipe) and the
+    upstream artifacts its key was computed from, and commit it. What the libraries print or
+    log while it builds goes to its log (stages/engine/terminal.py), which is kept beside the
+    artifact, or beside where it would be, as <key>.failed.log, when the build fails other than
+    on bad input. The console gets the stage's own lines: what its module's summary() says of
+    the artifact, and one line with its time, digest, and the library warnings in its log. The
+    time is the module's build's, or from `begun` (time.monotonic()) where the run's process
+    handed the build to the preload worker; `where` says which process builds it
+    (stages/engine/preload.py). Returns how many warnings there were."""
     st = store()
     tmp = st.temp_dir(stage.name, key)
     log_tmp, view = tmp.with_suffix(".log"), tmp.with_suffix(".inputs")
@@ -182,7 +183,8 @@ def build_key(recipe_name: str, stage: Stage, inputs: dict, key: str, artifacts:
         with terminal.captured(log_tmp) as out:
             log = _logger(log_tmp, f"{stage.name}.{recipe_name}", out.console)
             log.debug("building %s:%s key=%s %s", stage.name, recipe_name, key, where)
-            ctx = context(recipe_name, stage, recipe(recipe_name), inputs, key, artifacts, view, log, out.console)
+            ctx = context(recipe_name, stage, full, inputs, key, artifacts, view, log, out.console)
+            begun = time.monotonic() if begun is None else begun
             module(stage).build(ctx, tmp)
             ctx.run["seconds"] = round(time.monotonic() - begun, 3)
             meta = st.commit(stage.name, key, tmp, {"inputs": inputs, "run": ctx.run})

@@ -15,4 +15,4 @@ class RecipeError(UserError):
         self.key, self.problem = key, problem
 
     def __reduce__(self):  # raised in the preload worker, it is unpickled in the run's process
-        return RecipeError, (self.key, self.problem)
+        return type(self), (self.key, self.problem)

@@ -7,27 +7,34 @@ quantized and eval stages of an 8B build. The imports are the same whatever the 
 need not wait for training: when the last stage a preloading row reads starts to build
 (checkpoint, for quantized), a worker process starts and imports the rows' modules (`preload`),
 on a core training leaves idle and not on the building process's GIL; the preloading stages
-then build in that worker, one after another, as they would in the run's process. A stage's
-`seconds` count from when its build began in the run's process, so time spent waiting for the
-imports is in them. Where the machine has fewer than MIN_CPUS, training needs every core, and
-nothing is preloaded; MINDXTRAIN_PRELOAD=always or never overrides that.
+then build in that worker, one after another, from the recipe the run's process computed their
+keys from, as they would in the run's process. Such a stage's `seconds` count from when the
+run's process handed it over, so time spent waiting for the imports is in them. Where the
+machine has fewer than MIN_CPUS, training needs every core, and nothing is preloaded;
+MINDXTRAIN_PRELOAD=always or never overrides that. So does doit -P's process mode: its task
+processes build in themselves.
 
 The worker is spawned, not forked: Quark's import initializes CUDA, which a process forked after
-it cannot use (measured on an H100). Its imports' output (Quark's lines) goes to
-artifacts/work/preload.log; while it builds it writes to the console the run started with, and
-builds as any stage does (stages/engine/build.py). It ends with the run's process, however that
-ends (killed, ^C, done).
+it cannot use (measured on an H100). So in the worker CUDA starts before a stage applies the
+plan's environment block: what the runtime reads only as it starts (ROCm's HIP_FORCE_DEV_KERNARG,
+a launch-latency setting) does not take effect there; cuBLAS's workspace, read at the first
+matmul, does (the 8B shape's quantized and eval digests were the same on an H100). Its imports'
+output (Quark's lines) goes to artifacts/work/preload.log; while it builds it writes to the
+console the run started with, and builds as any stage does (stages/engine/build.py). It ends with
+the run's process, however that ends (killed, ^C, done); ^C is the run's to act on.
 """
 from __future__ import annotations
 
 import atexit
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
 import traceback
 
+from stages.engine import terminal
 from stages.engine.errors import UserError
 
 SWITCH = "MINDXTRAIN_PRELOAD"  # always, never, or (unset) where the machine has MIN_CPUS
@@ -35,7 +42,7 @@ SWITCH = "MINDXTRAIN_PRELOAD"  # always, never, or (unset) where the machine has
 # on 2 cores: 26 s for the whole build against 23 s without); from it on they take a core training leaves idle
 MIN_CPUS = 4
 worker = None  # in the run's process: the Worker, once started
-STARTING = threading.Lock()  # doit -P: two tasks may start at once
+STARTING = threading.Lock()  # doit -P thread: two tasks may start at once
 ENDING_S = 30  # how long the run's exit waits for a worker that built to end
 
 
@@ -55,7 +62,7 @@ class Worker:
         self.process = spawn.Process(target=_serve, args=(theirs, modules, log_path), name="mindxtrain-preload")
         self.process.start()
         theirs.close()
-        self.called, self.lock = False, threading.Lock()  # one call at a time (doit -P runs tasks on threads)
+        self.called, self.lock = False, threading.Lock()  # one call at a time (doit -P thread runs tasks on threads)
         atexit.register(self.end)  # before multiprocessing's own exit joins it
 
     def end(self) -> None:
@@ -77,7 +84,11 @@ class Worker:
         except EOFError:
             self.process.join(5)
             raise RuntimeError(f"the preload worker ended (exit code {self.process.exitcode}) while it built; "
-                               f"nothing of that build was stored") from None
+                               f"run again (the store commits whole objects, so it holds that build whole or "
+                               f"not at all)") from None
+        except BaseException:  # ^C here: the build there is no one's now
+            self.process.terminate()
+            raise
         if ok:
             return value
         raise value from RemoteFailure(trace)
@@ -87,7 +98,7 @@ def wanted(stage, table: dict) -> list[str]:
     """The modules to preload when `stage` starts to build: where it is a stage that preloads, or
     the last stage (in table order) that one reads (checkpoint, for quantized: the imports then
     overlap training, the longest stage, and not the probe's measurements), those of every
-    stage at or after it that preloads; else none."""
+    preloading stage it leads to; else none."""
     order = list(table)
     preloading = [row for row in table.values() if row.preload]
     starts = {row.name for row in preloading} | {max(row.upstream, key=order.index) for row in preloading if row.upstream}
@@ -112,9 +123,13 @@ def start(modules: list[str], log_path) -> None:
     if switch not in ("", "always", "never"):
         raise UserError(f"{SWITCH}={switch!r}: say always, never, or leave it unset (preload where the machine "
                         f"has {MIN_CPUS} CPUs or more)")
-    if not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS):
+    import multiprocessing
+
+    if (not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS)
+            or multiprocessing.parent_process() is not None):  # a task process of doit -P: it would outlive its task
         return
-    with STARTING:
+    # spawned while no other task's build has the file descriptors on its log (doit -P thread)
+    with terminal.ONE_AT_A_TIME, STARTING:
         if worker is None:
             worker = Worker(modules, str(log_path))
 
@@ -125,6 +140,7 @@ def _serve(conn, modules: list[str], log_path: str) -> None:
     each call sent, answered with its result or its exception and traceback."""
     import multiprocessing
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C reaches the whole process group: the run decides
     run = multiprocessing.parent_process()
 
     def watch():
@@ -143,7 +159,7 @@ def _serve(conn, modules: list[str], log_path: str) -> None:
         try:
             __import__(module)
             print(f"imported {module} in {time.monotonic() - begun:.1f}s", flush=True)
-        except BaseException:  # noqa: BLE001 - the worker must live on to build
+        except Exception:  # noqa: BLE001 - the worker must live on to build
             traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -172,15 +188,16 @@ def _build(function, args, cwd: str, begun: float):
 
 
 def run(stage, function, *args):
-    """function(*args, begun, where) in the worker where `stage` preloads and the worker runs, else
-    here; `begun` is when this started (time.monotonic(), the same clock in every process),
-    `where` a few words on which process runs it. Its result, or its exception raised here."""
-    begun = time.monotonic()
+    """function(*args, begun, where) in the worker where `stage` preloads and the worker runs, with
+    `begun` when this process handed it over (time.monotonic(), the same clock in every process);
+    else here, with begun None. `where` says which process runs it. Its result, or its exception
+    raised here."""
     if not (stage.preload and worker is not None):
-        return function(*args, begun, "in the run's process")
+        return function(*args, None, "in the run's process")
     if not worker.process.is_alive():
-        return function(*args, begun, f"in the run's process (the preload worker ended, exit code {worker.process.exitcode})")
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()  # what this process's allocator holds from earlier stages is the worker's to use
-    return worker.call(_build, function, args, os.getcwd(), begun)
+        return function(*args, None, f"in the run's process (the preload worker ended, exit code {worker.process.exitcode})")
+    with terminal.ONE_AT_A_TIME:  # one build at a time, as captured() keeps them in this process
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # what this process's allocator holds from earlier stages is the worker's to use
+        return worker.call(_build, function, args, os.getcwd(), time.monotonic())

@@ -35,8 +35,8 @@ class Stage:
     # an upstream rebuilt to the same bytes under a new key (new code, same output) makes a new
     # record rather than leaving the old keys in it
     records_keys: bool = False
-    # modules its build needs that are slow to import: a process imports them while the stages before
-    # it build, and it builds in a child forked from that one (stages/engine/preload.py)
+    # modules its build needs that are slow to import: a worker process imports them while training
+    # runs, and then builds it (stages/engine/preload.py)
     preload: tuple[str, ...] = ()
 
 
