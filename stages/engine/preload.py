@@ -11,8 +11,8 @@ then build in that worker, one after another, from the recipe the run's process 
 keys from, as they would in the run's process. Such a stage's `seconds` count from when the
 run's process handed it over, so time spent waiting for the imports is in them. Where the
 machine has fewer than MIN_CPUS, training needs every core, and nothing is preloaded;
-MINDXTRAIN_PRELOAD=always or never overrides that. So does doit -P's process mode: its task
-processes build in themselves.
+MINDXTRAIN_PRELOAD=always or never overrides that. Tasks run in processes of their own (doit -n N)
+build in themselves.
 
 The worker is spawned, not forked: Quark's import initializes CUDA, which a process forked after
 it cannot use (measured on an H100). So in the worker CUDA starts before a stage applies the
@@ -42,7 +42,7 @@ SWITCH = "MINDXTRAIN_PRELOAD"  # always, never, or (unset) where the machine has
 # on 2 cores: 26 s for the whole build against 23 s without); from it on they take a core training leaves idle
 MIN_CPUS = 4
 worker = None  # in the run's process: the Worker, once started
-STARTING = threading.Lock()  # doit -P thread: two tasks may start at once
+STARTING = threading.Lock()  # doit -n N -P thread: two tasks may start at once
 ENDING_S = 30  # how long the run's exit waits for a worker that built to end
 
 
@@ -62,7 +62,7 @@ class Worker:
         self.process = spawn.Process(target=_serve, args=(theirs, modules, log_path), name="mindxtrain-preload")
         self.process.start()
         theirs.close()
-        self.called, self.lock = False, threading.Lock()  # one call at a time (doit -P thread runs tasks on threads)
+        self.called, self.lock = False, threading.Lock()  # one call at a time (doit -n N -P thread runs tasks on threads)
         atexit.register(self.end)  # before multiprocessing's own exit joins it
 
     def end(self) -> None:
@@ -126,9 +126,9 @@ def start(modules: list[str], log_path) -> None:
     import multiprocessing
 
     if (not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS)
-            or multiprocessing.parent_process() is not None):  # a task process of doit -P: it would outlive its task
+            or multiprocessing.parent_process() is not None):  # a task process of doit -n N: it would outlive its task
         return
-    # spawned while no other task's build has the file descriptors on its log (doit -P thread)
+    # spawned while no other task's build has the file descriptors on its log (doit -n N -P thread)
     with terminal.ONE_AT_A_TIME, STARTING:
         if worker is None:
             worker = Worker(modules, str(log_path))
