@@ -125,7 +125,8 @@ def start(modules: list[str], log_path) -> None:
                         f"has {MIN_CPUS} CPUs or more)")
     import multiprocessing
 
-    if (not modules or switch == "never" or (not switch and len(os.sched_getaffinity(0)) < MIN_CPUS)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # not on macOS
+    if (not modules or switch == "never" or (not switch and usable < MIN_CPUS)
             or multiprocessing.parent_process() is not None):  # a task process of doit -n N: it would outlive its task
         return
     # spawned while no other task's build has the file descriptors on its log (doit -n N -P thread)
