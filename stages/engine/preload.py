@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 from stages.engine import terminal
 from stages.engine.errors import UserError
@@ -149,24 +150,17 @@ def _serve(conn, modules: list[str], log_path: str) -> None:
         os._exit(1)  # the run is gone: nobody will take what this builds; a temporary directory is left as a kill leaves it
 
     threading.Thread(target=watch, daemon=True, name="run-watch").start()
-    console = os.dup(1), os.dup(2)
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    for module in modules:
-        begun = time.monotonic()
-        try:
-            __import__(module)
-            print(f"imported {module} in {time.monotonic() - begun:.1f}s", flush=True)
-        except Exception:  # noqa: BLE001 - the worker must live on to build
-            traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, saved in zip((1, 2), console):
-        os.dup2(saved, fd)
-        os.close(saved)
+    log = Path(log_path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")  # this run's imports only
+    with terminal.captured(log):  # as a stage's library output goes to its log
+        for module in modules:
+            begun = time.monotonic()
+            try:
+                __import__(module)
+                print(f"imported {module} in {time.monotonic() - begun:.1f}s", flush=True)
+            except Exception:  # noqa: BLE001 - the worker must live on to build
+                traceback.print_exc()
     while True:
         try:
             function, args = conn.recv()
