@@ -1,7 +1,8 @@
 """The generation engine: generations on a loaded model go through one continuous batch,
 transformers' ContinuousBatchingManager (a paged KV cache of a stated token budget; requests join
 and leave the batch between decode steps; on CUDA its decode step replayed as a CUDA graph). It is
-transformers' engine, configured here, not one written here.
+transformers' engine, configured here, not one written here; its attention is transformers' SDPA
+without the copies of keys and values per query head (stages/inference/attention.py).
 
 One batch holds greedy and sampled requests side by side: every request states its temperature,
 top_p and top_k, and a greedy one (temperature 0) is sampled with top_k 1, which is the argmax.
@@ -122,6 +123,9 @@ class Engine:
         which spares each step the vocabulary sorts of top-k and top-p."""
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
+        from stages.inference import attention
+
+        attention.install()
         self.tok, self.eos_ids, self.fixed = tok, set(eos_ids), sampling is not None
         self.kv_tokens = kv_tokens or kv_budget_tokens(model)
         device = model.device.type
@@ -143,6 +147,7 @@ class Engine:
             "page_size": PAGE_TOKENS, "num_blocks": self.kv_tokens // PAGE_TOKENS, "per_request_processors": not self.fixed,
             "max_batch_tokens": MAX_BATCH_TOKENS["cuda" if cuda else "cpu"], "use_cuda_graph": cuda,
             "kv_padding_interval_size": KV_PADDING_TOKENS, "use_async_batching": False, **(options or {})})
+        self.max_batch_tokens = batching.max_batch_tokens
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=batching)
         self.manager.start()
         self.waiting: dict[str, queue.Queue] = {}
