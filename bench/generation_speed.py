@@ -266,20 +266,14 @@ def run(args, result: dict, save) -> None:
             r["peer_generate_one_at_a_time_tokens_per_s"], _ = sequential(model, peer_prompts, new_tokens)
         save()
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
-    if args.compile_forward:  # what adopting it in the engine would do; first_request_seconds holds its compile
-        model.forward = torch.compile(model.forward, dynamic=True)
-        result["compile_forward"] = True
-    if args.compile_regions:  # each layer's MLP and norms, attention eager: no variant per layer (docs/serving.md)
-        for layer in model.model.layers:
-            for region in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
-                region.compile(dynamic=True)
-        model.model.norm.compile(dynamic=True)
-        result["compile_regions"] = True
+    compiled = device == "cuda" and not args.eager  # as doit serve runs the trained model
+    result["compiled"] = compiled
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
         t = time.perf_counter()
-        served_model = ServedModel(model, tok, options=options)
+        served_model = ServedModel(model, tok, options=options, compiled=compiled)
         result["engine_options"] = options
-        result["engine_init_seconds"] = time.perf_counter() - t
+        result["engine_init_seconds"] = time.perf_counter() - t  # with the compile and its warm-up, where compiled
+        print("served model ready", flush=True)  # in a log with TORCH_LOGS=recompiles: what compiled while serving
         try:
             served = Served(served_model, "bench")
             try:
@@ -369,12 +363,8 @@ def main():
                          "server side by side, one run after another on one machine")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=JSON",
                     help="a field of transformers' ContinuousBatchingConfig for the engine, e.g. use_async_batching=true")
-    ap.add_argument("--compile-forward", action="store_true",
-                    help="serve with the model's forward compiled (torch.compile, dynamic shapes), the per-request "
-                         "logits processors eager: generation_engine --variants' perreq_forward_compiled, served")
-    ap.add_argument("--compile-regions", action="store_true",
-                    help="serve with each layer's MLP and norms compiled (torch.compile, dynamic shapes) and attention "
-                         "eager: the forward compiled whole gets a variant per layer from the KV cache's update")
+    ap.add_argument("--eager", action="store_true",
+                    help="serve with the model's forward uncompiled (on a GPU doit serve compiles it)")
     args = ap.parse_args()
     out = args.out or (tiny.results_path("generation_speed") if args.tiny else
                        REPO / "bench" / "results" / f"generation_speed_{time.strftime('%Y-%m-%d')}.json")

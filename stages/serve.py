@@ -66,10 +66,13 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
     import uvicorn
 
     from stages.inference.app import TIME_LIMIT_S, build_app
-    from stages.inference.generation import load
+    from stages.inference.generation import compiles, load
 
     log = project.store().root / recipe_name / "serve.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    if compiles(s):
+        print(f"serve:{recipe_name}: compiling {s.model_id} for this GPU before it answers (about 45 s for 8B "
+              f"on an H100)", flush=True)
     with captured(log) as loading:  # transformers' loading bar and warnings go to the log, as a stage's do
         model = load(s)
     if loading.warnings:

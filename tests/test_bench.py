@@ -158,7 +158,8 @@ def test_generation_speed_serves_through_the_engine(tmp_path):
     bench("generation_speed", "--tiny", "--serve-peer", "--out", tmp_path / "gen.json")
     r = fields(tmp_path / "gen.json")
     real = fields(REPO / "bench" / "results" / "generation_speed_h200_2026-11-26_engine_kv1024_run3.json")
-    assert set(r) == set(real)
+    assert set(r) == set(real) | {"compiled"}  # whether the served forward was compiled: recorded since 2026-11-28
+    assert r["compiled"] is False  # not on the CPU
     one = next(iter(r["by_new_tokens"].values()))
     real_one = real["by_new_tokens"]["128"]
     assert set(real_one) - set(one) == {"bandwidth_bound_tokens_per_s", "single_stream_share_of_bound"}
@@ -168,28 +169,6 @@ def test_generation_speed_serves_through_the_engine(tmp_path):
     assert set(peer) == set(real_one["peer_transformers_serve"])
     assert all(c["completion_tokens"] > 0 for c in peer["concurrent"].values())  # the peer answered every client
     assert r["greedy_equal"]["identical"] == r["greedy_equal"]["prompts"]  # fp32 on the CPU: token for token
-
-
-def test_compiled_regions_serve_without_a_variant_per_layer(tmp_path):
-    """--compile-regions compiles each layer's MLP and norms and leaves attention eager. The forward
-    compiled whole (--compile-forward) gets one variant of transformers' attention per layer, guarded
-    on its layer_idx, and past dynamo's limit of 8 the rest run eager (an H100, 36 layers:
-    docs/serving.md). The regions must be compiled once for every layer: no guard on a layer, no
-    frame compiled more than twice (a step of one token and one of several)."""
-    import re
-
-    p = subprocess.run([sys.executable, "-m", "bench.generation_speed", "--tiny", "--serving-only", "--compile-regions",
-                        "--new-tokens", "16", "--levels", "8", "--out", str(tmp_path / "gen.json")], cwd=REPO,
-                       capture_output=True, text=True, timeout=900,
-                       env={**os.environ, **NO_NETWORK, "TORCH_LOGS": "recompiles"})
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    r = fields(tmp_path / "gen.json")
-    assert r["compile_regions"] is True
-    assert all(c["completion_tokens"] > 0 for c in r["by_new_tokens"]["16"]["concurrent"].values())
-    log = p.stdout + p.stderr
-    assert "layer_idx" not in log, log[-4000:]
-    compiled = [int(n) for n in re.findall(r"\[\d+/(\d+)\] \[__recompiles\] Recompiling function", log)]
-    assert max(compiled, default=0) <= 1, log[-4000:]
 
 
 def test_scale_builds_through_doit_and_runs_the_trl_peer(tmp_path):

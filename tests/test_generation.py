@@ -61,6 +61,77 @@ def test_greedy_answers_equal_generate_one_at_a_time(engine, model_and_tok):
     assert [a.finish for a in answers] == ["stop" if a.ids[-1] == tok.eos_token_id else "length" for a in answers]
 
 
+def test_the_batch_attends_with_query_heads_grouped_not_keys_copied(model_and_tok, monkeypatch):
+    """The engine's attention (stages/inference/attention.py) runs for every layer of every step
+    of the batch, and its answers are generate's one at a time (above, and here with its calls
+    counted): grouping the query heads that share a key/value head is the same attention."""
+    from stages.inference import attention
+
+    model, tok = model_and_tok
+    rows = []
+    grouped = attention.batch_sdpa
+    monkeypatch.setattr(attention, "batch_sdpa", lambda *a, **k: rows.append(a[1].shape[2]) or grouped(*a, **k))
+    e = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
+    try:
+        answers = e.generate([tok(p)["input_ids"] for p in PROMPTS], Sampling(max_new_tokens=12))
+    finally:
+        e.close()
+    assert [a.ids for a in answers] == [sequential(model, tok, p, 12) for p in PROMPTS]
+    assert len(rows) >= 12 * model.config.num_hidden_layers and max(rows) > 1  # decode steps and a prefill
+
+
+COMPILED = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from transformers import AutoModelForCausalLM, Qwen3Config
+from stages.inference.batching import Sampling
+from stages.inference.generation import ServedModel
+from stages.model.tiny import char_tokenizer
+tok = char_tokenizer()
+torch.manual_seed(0)
+config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id)
+model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+prompts = [tok(p)["input_ids"] for p in sys.argv[2:]]
+answers = {}
+for compiled in (False, True):
+    served = ServedModel(model, tok, kv_tokens=4096, compiled=compiled)
+    print("warmed up", file=sys.stderr, flush=True)
+    answers[compiled] = [a.ids for a in served.engine.generate(prompts, Sampling(16))]
+    served.close()
+print(json.dumps([answers[False], answers[True]]))
+"""
+
+
+def test_the_served_model_compiles_once_for_all_its_layers():
+    """doit serve compiles the model's forward on a GPU. Before the engine had its own attention,
+    dynamo compiled transformers' attention once per layer (guarded on its layer_idx) and past its
+    limit of 8 ran the rest eager (an H100, 36 layers: docs/serving.md). 12 layers here, on the
+    CPU: no guard on a layer; no frame compiled more than five times, under dynamo's limit of 8
+    (its shape classes: one request or several, keys and values to read from the cache or none
+    yet, a prefill chunk that fills the step or not), all in the warm-up; and the answers the
+    uncompiled engine gives."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from conftest import NO_NETWORK, REPO
+
+    p = subprocess.run([sys.executable, "-c", COMPILED, str(REPO), *PROMPTS], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, **NO_NETWORK, "TORCH_LOGS": "recompiles"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    eager, compiled = json.loads(p.stdout.strip().splitlines()[-1])
+    assert compiled == eager
+    assert "layer_idx" not in p.stderr, p.stderr[-4000:]
+    recompiled = [int(n) for n in re.findall(r"\[\d+/(\d+)\] \[__recompiles\] Recompiling function", p.stderr)]
+    assert max(recompiled, default=0) <= 4, p.stderr[-4000:]
+    served = p.stderr.rsplit("warmed up", 1)[1]
+    assert "Recompiling" not in served, served[-4000:]  # requests after the warm-up compile nothing
+
+
 def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, model_and_tok, monkeypatch):
     """The server's path (Engine.stream, on the event loop): concurrent streams are decoded
     together, each one's text grows to the answer `generate` gives, and a stream closed after its
