@@ -18,6 +18,13 @@ the engine's settings change. Written for one lent GPU; results under $OUT (defa
               graphs) on one padded batch, greedy, beside the engine with one sampling setting
               and compile level 1 (sampled at temperature 1); 128 new tokens, three and two runs
 
+  --attention the engine's attention (stages/inference/attention.py) beside transformers' SDPA,
+              alternating: the serving engine at 1, 8, 32 and 128 prompts (128 new tokens, a warm-up
+              then two timed runs each), the same with the model's forward compiled (ours only:
+              transformers' recompiles per layer, docs/serving.md), GRPO's engine (one sampling
+              setting, compile level 1) at 1 and 32; a profile of 32 at once by CUDA time each way;
+              the greedy tokens of 4 prompts each way
+
   --rollouts  GRPO's rollouts as the checkpoint stage samples them (stages/train/grpo.EngineRollouts):
               the model with LoRA r16 on every linear layer, 8 completions of 256 tokens at
               temperature 1, sampled through the adapter's side matmuls and with the adapter merged
@@ -138,6 +145,64 @@ def variants(model, tok, prompts, eos, out: Path) -> dict:
     return res
 
 
+def attention(model, tok, prompts, eos, out: Path) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from stages.inference import attention as ours
+    from stages.inference.batching import Engine, Sampling
+
+    res, greedy = {}, {}
+
+    def use(which):
+        AttentionInterface.register("sdpa", ours.sdpa if which == "ours" else sdpa_attention_forward)
+
+    def keep(name, value):
+        res[name] = value
+        (out / "attention.json").write_text(json.dumps(res, indent=1))
+        print(name, value, flush=True)
+
+    def measure(name, levels, opts=None, sampling=None, compiled=False, prof=False):
+        if compiled:
+            model.forward = torch.compile(model.forward, dynamic=True)
+        temp = 0.0 if sampling is None else 1.0
+        eng = Engine(model, tok, eos, 64 * 1024, opts, sampling=sampling)
+        try:
+            for n in levels:
+                t = time.perf_counter()
+                rate(eng, prompts[:n], 16, temp)
+                keep(f"{name}_{n}", {"first_s": round(time.perf_counter() - t, 1),
+                                     "tok_s": [round(rate(eng, prompts[:n], 128, temp), 1) for _ in range(2)]})
+            if sampling is None:
+                greedy[name] = [a.ids for a in eng.generate(prompts[:4], Sampling(64))]
+            if prof:
+                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+                    rate(eng, prompts[:32], 32, temp)
+                (out / f"{name}_32_cuda.txt").write_text(p.key_averages().table(sort_by="self_cuda_time_total",
+                                                                                row_limit=25))
+        finally:
+            eng.close()
+            vars(model).pop("forward", None)
+            torch.compiler.reset()  # each setting compiles from nothing, as a fresh server would
+            torch.cuda.empty_cache()
+    for which in ("transformers", "ours"):
+        use(which)
+        measure(f"serving_{which}", (1, 8, 32, 128), prof=True)
+    measure("serving_ours_forward_compiled", (1, 8, 32, 128), compiled=True)
+    for which in ("transformers", "ours"):
+        use(which)
+        measure(f"grpo_{which}", (1, 32), {"default_compile_level": 1}, sampling=(1.0, 1.0))
+    for name in ("serving_ours", "serving_ours_forward_compiled"):
+        if name in greedy and "serving_transformers" in greedy:
+            res[f"{name}_greedy_common_prefix"] = [common_prefix(a, b) for a, b in
+                                                   zip(greedy["serving_transformers"], greedy[name])]
+    keep("gpu", torch.cuda.get_device_name())
+    return res
+
+
 def rollouts(model, tok, prompts, eos, out: Path) -> dict:
     import statistics
     from types import SimpleNamespace
@@ -219,6 +284,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--attention", action="store_true")
     ap.add_argument("--rollouts", action="store_true")
     ap.add_argument("--static", action="store_true")
     ap.add_argument("--shared", type=Path, default=SHARED)
@@ -227,7 +293,7 @@ def main():
     model, tok = make_model(QWEN3_8B, "cuda", "bfloat16", args.shared / "tokenizers" / "qwen3")
     prompts = [served_prompt(tok, q) for q in real_questions(args.shared, 64)]
     eos = {tok.convert_tokens_to_ids("<|im_end|>")}
-    for flag, fn in (("profile", profile), ("variants", variants), ("rollouts", rollouts), ("static", static)):
+    for flag, fn in (("profile", profile), ("variants", variants), ("attention", attention), ("rollouts", rollouts), ("static", static)):
         if getattr(args, flag):
             (out / f"{flag}.json").write_text(json.dumps(fn(model, tok, prompts, eos, out), indent=1))
 
