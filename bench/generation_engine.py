@@ -165,11 +165,12 @@ def attention(model, tok, prompts, eos, out: Path) -> dict:
         (out / "attention.json").write_text(json.dumps(res, indent=1))
         print(name, value, flush=True)
 
-    def measure(name, levels, opts=None, sampling=None, compiled=False, prof=False):
+    def measure(name, which, levels, opts=None, sampling=None, compiled=False, prof=False):
         if compiled:
             model.forward = torch.compile(model.forward, dynamic=True)
         temp = 0.0 if sampling is None else 1.0
         eng = Engine(model, tok, eos, 64 * 1024, opts, sampling=sampling)
+        use(which)  # after the Engine, which installs ours; each forward looks its attention up anew
         try:
             for n in levels:
                 t = time.perf_counter()
@@ -189,12 +190,10 @@ def attention(model, tok, prompts, eos, out: Path) -> dict:
             torch.compiler.reset()  # each setting compiles from nothing, as a fresh server would
             torch.cuda.empty_cache()
     for which in ("transformers", "ours"):
-        use(which)
-        measure(f"serving_{which}", (1, 8, 32, 128), prof=True)
-    measure("serving_ours_forward_compiled", (1, 8, 32, 128), compiled=True)
+        measure(f"serving_{which}", which, (1, 8, 32, 128), prof=True)
+    measure("serving_ours_forward_compiled", "ours", (1, 8, 32, 128), compiled=True)
     for which in ("transformers", "ours"):
-        use(which)
-        measure(f"grpo_{which}", (1, 32), {"default_compile_level": 1}, sampling=(1.0, 1.0))
+        measure(f"grpo_{which}", which, (1, 32), {"default_compile_level": 1}, sampling=(1.0, 1.0))
     for name in ("serving_ours", "serving_ours_forward_compiled"):
         if name in greedy and "serving_transformers" in greedy:
             res[f"{name}_greedy_common_prefix"] = [common_prefix(a, b) for a, b in

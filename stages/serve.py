@@ -8,7 +8,8 @@ line naming the first that differs. The model's id is the recipe and a prefix of
 digest. vLLM serves it where vLLM and a GPU are present (serve.engine auto or vllm); elsewhere
 a FastAPI app over transformers' generation (stages/inference/), which bounds what clients send
 (its limits are on the startup line; --time-limit sets how long one generation may hold the
-model). Served by transformers, what the libraries print while the model loads goes to
+model). Served by transformers on a GPU, the trained model is compiled and warmed up before it
+answers (--eager skips it). What the libraries print while the model loads goes to
 artifacts/<recipe>/serve.log (appended to at each start).
 SIGTERM or Ctrl-C stops it cleanly. It does not build: run `doit manifest:<recipe>` first.
 """
@@ -62,7 +63,8 @@ def engine(recipe_name: str, wanted: str) -> str:
     return "vllm" if wanted == "vllm" or (wanted == "auto" and present) else "transformers"
 
 
-def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: int, time_limit: float | None):
+def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: int, time_limit: float | None,
+                    eager: bool):
     import uvicorn
 
     from stages.inference.app import TIME_LIMIT_S, build_app
@@ -70,13 +72,16 @@ def on_transformers(recipe_name: str, s: Served, digest: str, host: str, port: i
 
     log = project.store().root / recipe_name / "serve.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    if compiles(s):
+    compiled = compiles(s) and not eager
+    if compiled:
         print(f"serve:{recipe_name}: compiling {s.model_id} for this GPU before it answers (about 45 s for 8B "
-              f"on an H100)", flush=True)
+              f"on an H100; --eager skips it, for a slower server)", flush=True)
     with captured(log) as loading:  # transformers' loading bar and warnings go to the log, as a stage's do
-        model = load(s)
+        model = load(s, compiled)
     if loading.warnings:
         print(f"serve:{recipe_name}: loading the model gave {loading.warnings} library warning(s): {log}", flush=True)
+    if model.compile_failure:
+        print(f"serve:{recipe_name}: it did not compile ({model.compile_failure}); serving it uncompiled", flush=True)
     app = build_app(model, s.model_id, {"manifest": digest}, time_limit or TIME_LIMIT_S)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     print(f"serve:{recipe_name}: {s.model_id} at http://{host}:{port}/v1 (transformers; limits: {app.state.limits})",
@@ -113,7 +118,7 @@ def on_vllm(recipe_name: str, s: Served, host: str, port: int):
 
 
 def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, full: bool, scheme: str | None,
-        time_limit: float | None):
+        time_limit: float | None, eager: bool):
     try:
         r = project.recipe(recipe_name)
         s, digest = checked(recipe_name, quantized, full, scheme)
@@ -125,7 +130,7 @@ def run(recipe_name: str, host: str | None, port: int | None, quantized: bool, f
     host, port = host or r.serve.host, port or r.serve.port
     if backend == "vllm":
         return on_vllm(recipe_name, s, host, port)
-    return on_transformers(recipe_name, s, digest, host, port, time_limit)
+    return on_transformers(recipe_name, s, digest, host, port, time_limit, eager)
 
 
 @contextmanager
@@ -155,6 +160,9 @@ PARAMS = [
     {"name": "time_limit", "long": "time-limit", "type": float, "default": None,
      "help": "seconds from a request's arrival to its last token before it is cut short, finish_reason length "
              "(transformers engine; default 60)"},
+    {"name": "eager", "long": "eager", "type": bool, "default": False,
+     "help": "on a GPU, serve without compiling the model first: it answers at once, and generates more slowly "
+             "(transformers engine)"},
 ]
 
 

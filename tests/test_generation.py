@@ -68,9 +68,11 @@ def test_the_batch_attends_with_query_heads_grouped_not_keys_copied(model_and_to
     from stages.inference import attention
 
     model, tok = model_and_tok
-    rows = []
-    grouped = attention.batch_sdpa
+    rows, copied = [], []
+    grouped, transformers_sdpa = attention.batch_sdpa, attention.sdpa_attention_forward
     monkeypatch.setattr(attention, "batch_sdpa", lambda *a, **k: rows.append(a[1].shape[2]) or grouped(*a, **k))
+    monkeypatch.setattr(attention, "sdpa_attention_forward",  # transformers' own, which repeats keys and values
+                        lambda *a, **k: copied.append(k.get("cache")) or transformers_sdpa(*a, **k))
     e = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
     try:
         answers = e.generate([tok(p)["input_ids"] for p in PROMPTS], Sampling(max_new_tokens=12))
@@ -78,6 +80,7 @@ def test_the_batch_attends_with_query_heads_grouped_not_keys_copied(model_and_to
         e.close()
     assert [a.ids for a in answers] == [sequential(model, tok, p, 12) for p in PROMPTS]
     assert len(rows) >= 12 * model.config.num_hidden_layers and max(rows) > 1  # decode steps and a prefill
+    assert not [c for c in copied if c is not None]  # no step of the batch fell back to transformers' function
 
 
 COMPILED = """
@@ -130,6 +133,30 @@ def test_the_served_model_compiles_once_for_all_its_layers():
     assert max(recompiled, default=0) <= 4, p.stderr[-4000:]
     served = p.stderr.rsplit("warmed up", 1)[1]
     assert "Recompiling" not in served, served[-4000:]  # requests after the warm-up compile nothing
+
+
+def test_a_model_that_does_not_compile_is_served_uncompiled(model_and_tok, monkeypatch):
+    """A model dynamo cannot compile is not refused: the warm-up's failure is kept for the console
+    and the model answers uncompiled, as generate does. The failure is a real one: torch.compile
+    with a backend that raises."""
+    import functools
+
+    import torch
+
+    from stages.inference.generation import ServedModel
+
+    def refuses(graph, example_inputs):
+        raise NotImplementedError("this backend compiles nothing")
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=refuses))
+    model, tok = model_and_tok
+    served = ServedModel(model, tok, kv_tokens=4096, compiled=True)
+    try:
+        assert "this backend compiles nothing" in served.compile_failure
+        assert "forward" not in vars(model)
+        answers = served.engine.generate([tok(p)["input_ids"] for p in PROMPTS], Sampling(max_new_tokens=12))
+        assert [a.ids for a in answers] == [sequential(model, tok, p, 12) for p in PROMPTS]
+    finally:
+        served.close()
 
 
 def test_asyncio_streams_share_steps_and_a_closed_one_leaves_the_batch(engine, model_and_tok, monkeypatch):

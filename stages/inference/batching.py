@@ -147,7 +147,7 @@ class Engine:
             "page_size": PAGE_TOKENS, "num_blocks": self.kv_tokens // PAGE_TOKENS, "per_request_processors": not self.fixed,
             "max_batch_tokens": MAX_BATCH_TOKENS["cuda" if cuda else "cpu"], "use_cuda_graph": cuda,
             "kv_padding_interval_size": KV_PADDING_TOKENS, "use_async_batching": False, **(options or {})})
-        self.max_batch_tokens = batching.max_batch_tokens
+        self.max_batch_tokens = batching.max_batch_tokens or MAX_BATCH_TOKENS["cuda" if cuda else "cpu"]
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=batching)
         self.manager.start()
         self.waiting: dict[str, queue.Queue] = {}

@@ -7,6 +7,7 @@ freed at the next step) or when its time limit passes (it then ends as one out o
 finish_reason "length"). The KV budget bounds prompt plus completion of one request."""
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -39,26 +40,29 @@ def compiles(s: Served) -> bool:
     return s.checkpoint is not None and on_cuda()
 
 
-def load(s: Served) -> "ServedModel":
-    """What a manifest serves, loaded as eval loads it (an adapter merged into the base)."""
+def load(s: Served, compiled: bool) -> "ServedModel":
+    """What a manifest serves, loaded as eval loads it (an adapter merged into the base);
+    `compiled` where `compiles(s)` allows it."""
     os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # a Quark export loads as eval loads it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(s.tokenizer)
     if s.checkpoint is not None:
-        return ServedModel(load_trained(s.checkpoint, s.tokenizer), tok, compiled=compiles(s))
+        return ServedModel(load_trained(s.checkpoint, s.tokenizer), tok, compiled=compiled and compiles(s))
     return ServedModel(AutoModelForCausalLM.from_pretrained(s.weights, **placement()), tok)
 
 
 class ServedModel:
     """A loaded model and tokenizer behind the generation engine. `compiled`: the model's forward
     goes through torch.compile (dynamic shapes; the engine's attention stays outside it, so every
-    layer shares one compiled variant), compiled before the server answers by a warm-up. On an H100 it made the batch 1.3x faster at 1 to 128 requests
-    at once (docs/serving.md); on a CPU it is left off, where the compile costs more than it gives."""
+    layer shares one compiled variant), compiled before the server answers by a warm-up. On an
+    H100 it made the batch 1.2-1.5x faster at 1 to 128 requests at once (docs/serving.md); on a
+    CPU it is left off, where the compile costs more than it gives. A model that does not compile
+    is served uncompiled: `compile_failure` says why."""
 
     def __init__(self, model, tok, kv_tokens: int | None = None, options: dict | None = None,
                  compiled: bool = False):
-        self.model, self.tok = model.eval(), tok
+        self.model, self.tok, self.compile_failure = model.eval(), tok, None
         if compiled:
             import torch
 
@@ -67,19 +71,33 @@ class ServedModel:
         self.kv_tokens = self.engine.kv_tokens
         self.context_length = min(self.model.config.max_position_embeddings, self.kv_tokens)
         if compiled:
-            self.warm_up()
+            try:
+                self.warm_up()
+            except Exception as e:  # noqa: BLE001 - any failure to compile leaves the model as it was loaded
+                self.compile_failure = " ".join(f"{type(e).__name__}: {e}".split())[:300]  # one line
+                self.engine.close()
+                self.engine = None  # its KV cache freed before the next is sized as large
+                vars(self.model).pop("forward")  # the class's forward again
+                torch.compiler.reset()
+                gc.collect()
+                torch.cuda.empty_cache()
+                self.engine = Engine(self.model, self.tok, end_ids(self.model, tok), self.kv_tokens, options)
 
     def warm_up(self) -> None:
         """Compile every kind of step the batch takes before a client waits on one. Dynamo compiles
         anew for one request or several, for keys and values to read from the cache or none yet,
         and for a prefill chunk that fills the step or not: eight kinds, as many as its limit
         allows (past it a frame runs uncompiled). On an H200, a kind first met while serving held
-        32 or 128 clients for 5-7 s. One request; eight; a prompt long enough to be prefilled in
-        chunks, alone; then eight beside another such prompt, decoding across its chunks."""
+        32 or 128 clients for 5-7 s. One request; eight; long prompts, prefilled in chunks
+        (together enough for two and a half steps, each as long as the context allows); then eight
+        beside other such prompts, decoding across their chunks. A kind missed here (a KV cache
+        too small to hold them at once) compiles when it first comes."""
         short = self.prompt_ids([{"role": "user", "content": "Say hello."}])
-        length = min(self.engine.max_batch_tokens * 5 // 2, self.context_length - 16)
+        fill = self.engine.max_batch_tokens * 5 // 2
+        length = max(len(short), min(fill, self.context_length - 16))
         long = (short * (length // len(short) + 1))[:length]
-        for prompts in ([short], [short] * 8, [long], [short] * 8 + [long[::-1]]):  # reversed: no cached prefix
+        longs = [long[i:] + long[:i] for i in range(-(-fill // length))]  # rotated: no prefix in common to reuse
+        for prompts in ([short], [short] * 8, longs, [short] * 8 + [x[::-1] for x in longs]):
             self.engine.generate(prompts, Sampling(8))
 
     def close(self) -> None:
