@@ -143,11 +143,12 @@ class Engine:
         # runs) was 8-17% faster at 32-128 requests on an H200 but its loop died on a request's
         # missing block table mid-run (transformers 5.23), taking every request with it: off.
         cuda = device == "cuda"
+        step = MAX_BATCH_TOKENS["cuda" if cuda else "cpu"]
         batching = ContinuousBatchingConfig(**{
             "page_size": PAGE_TOKENS, "num_blocks": self.kv_tokens // PAGE_TOKENS, "per_request_processors": not self.fixed,
-            "max_batch_tokens": MAX_BATCH_TOKENS["cuda" if cuda else "cpu"], "use_cuda_graph": cuda,
+            "max_batch_tokens": step, "use_cuda_graph": cuda,
             "kv_padding_interval_size": KV_PADDING_TOKENS, "use_async_batching": False, **(options or {})})
-        self.max_batch_tokens = batching.max_batch_tokens or MAX_BATCH_TOKENS["cuda" if cuda else "cpu"]
+        self.max_batch_tokens = batching.max_batch_tokens or step  # options may leave it to transformers
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=batching)
         self.manager.start()
         self.waiting: dict[str, queue.Queue] = {}

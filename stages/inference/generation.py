@@ -42,13 +42,13 @@ def compiles(s: Served) -> bool:
 
 def load(s: Served, compiled: bool) -> "ServedModel":
     """What a manifest serves, loaded as eval loads it (an adapter merged into the base);
-    `compiled` where `compiles(s)` allows it."""
+    `compiled`: the caller's choice where `compiles(s)`."""
     os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")  # a Quark export loads as eval loads it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(s.tokenizer)
     if s.checkpoint is not None:
-        return ServedModel(load_trained(s.checkpoint, s.tokenizer), tok, compiled=compiled and compiles(s))
+        return ServedModel(load_trained(s.checkpoint, s.tokenizer), tok, compiled=compiled)
     return ServedModel(AutoModelForCausalLM.from_pretrained(s.weights, **placement()), tok)
 
 
@@ -67,7 +67,10 @@ class ServedModel:
             import torch
 
             self.model.forward = torch.compile(self.model.forward, dynamic=True)
-        self.engine = Engine(self.model, self.tok, end_ids(self.model, tok), kv_tokens, options)
+        def engine(kv: int | None) -> Engine:
+            return Engine(self.model, self.tok, end_ids(self.model, tok), kv, options)
+
+        self.engine = engine(kv_tokens)
         self.kv_tokens = self.engine.kv_tokens
         self.context_length = min(self.model.config.max_position_embeddings, self.kv_tokens)
         if compiled:
@@ -81,7 +84,7 @@ class ServedModel:
                 torch.compiler.reset()
                 gc.collect()
                 torch.cuda.empty_cache()
-                self.engine = Engine(self.model, self.tok, end_ids(self.model, tok), self.kv_tokens, options)
+                self.engine = engine(self.kv_tokens)
 
     def warm_up(self) -> None:
         """Compile every kind of step the batch takes before a client waits on one. Dynamo compiles
