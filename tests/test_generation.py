@@ -83,6 +83,90 @@ def test_the_batch_attends_with_query_heads_grouped_not_keys_copied(model_and_to
     assert not [c for c in copied if c is not None]  # no step of the batch fell back to transformers' function
 
 
+OWN_KEYS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, Qwen3Config
+from stages.inference import attention, varlen
+from stages.inference.batching import Engine, Sampling
+from stages.model.tiny import char_tokenizer
+
+def kernel_against_the_mask(qlens, klens, heads, kv_heads, dim, padding):
+    # the layouts the model hands over: queries [1, tokens, heads, dim] seen as [1, heads, tokens, dim];
+    # keys and values read out of the cache as [keys, kv_heads, dim] seen as [1, kv_heads, keys, dim]
+    tokens, keys = sum(qlens) + padding, sum(klens) + 5
+    q = torch.randn(1, tokens, heads, dim).transpose(1, 2)
+    k, v = (torch.randn(keys, kv_heads, dim).transpose(0, 1).unsqueeze(0) for _ in range(2))
+    mask = torch.full((1, 1, tokens, keys), float("-inf"))
+    qs = ks = 0
+    for ql, kl in zip(qlens, klens):  # block-diagonal, causal at the bottom right: transformers' batch mask
+        for t in range(ql):
+            mask[0, 0, qs + t, ks:ks + kl - ql + t + 1] = 0
+        qs, ks = qs + ql, ks + kl
+    cu = lambda n: torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()] + [sum(n)] * padding, dtype=torch.int32)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=dim ** -0.5, enable_gqa=True).transpose(1, 2)
+    got = varlen.attention(q, k, v, cu(qlens), cu(klens), dim ** -0.5)
+    real = sum(qlens)
+    return float((got[:, :real] - want[:, :real]).abs().max()), float(got[:, real:].abs().sum())
+
+torch.manual_seed(0)
+kernel = [kernel_against_the_mask(*case) for case in [
+    ([1, 1, 1], [5, 9, 3], 4, 2, 16, 0),                      # decodes
+    ([1] * 5 + [40], [30, 40, 50, 60, 70, 90], 8, 2, 16, 3),  # decodes beside a chunk with history, padded
+    ([70], [70], 4, 4, 32, 0),                                # a first chunk, no grouping
+    ([3, 1], [100, 8], 4, 1, 128, 0),                         # one key/value head for all
+    ([20, 1], [20, 5], 6, 2, 24, 0)]]                         # a head dimension not a power of two
+tok = char_tokenizer()
+config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id)
+model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+prompts = [tok(p)["input_ids"] for p in sys.argv[2:]]
+calls, fallbacks = [], []
+own, masked = varlen.attention, attention.sdpa_attention_forward
+varlen.attention = lambda *a, **k: calls.append(a[0].shape[2]) or own(*a, **k)
+attention.sdpa_attention_forward = lambda *a, **k: fallbacks.append(1) or masked(*a, **k)
+engine = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
+batched = [a.ids for a in engine.generate(prompts, Sampling(12))]
+engine.close()
+varlen.attention, attention.sdpa_attention_forward = own, masked
+alone = []
+for ids in prompts:
+    x = torch.tensor([ids])
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    alone.append(out[0, x.shape[1]:].tolist())
+print(json.dumps({"kernel": kernel, "batched": batched, "alone": alone, "calls": calls, "fallbacks": len(fallbacks)}))
+"""
+
+
+def test_on_a_gpu_each_request_attends_to_its_own_keys():
+    """On a GPU the batch's attention is stages/inference/varlen.py's Triton kernel: each request's
+    queries over its own keys. Run here by Triton's interpreter on the CPU (TRITON_INTERPRET=1,
+    which makes varlen.available take CPU tensors): the kernel equals SDPA under transformers'
+    batch mask (decodes, chunks with and without history, padding rows left 0, 1 to 4 query heads a
+    key/value head, a head dimension of 24), and the engine with it answers as generate does one
+    prompt at a time, the kernel called for every layer of every step and the masked SDPA never."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import NO_NETWORK, REPO
+
+    pytest.importorskip("triton")  # the test extra installs it (the GPU's torch ships it)
+    p = subprocess.run([sys.executable, "-c", OWN_KEYS, str(REPO), *PROMPTS], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, **NO_NETWORK, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    for difference, padding in r["kernel"]:
+        assert difference < 1e-5 and padding == 0, r["kernel"]
+    assert r["batched"] == r["alone"]
+    assert len(r["calls"]) >= 12 * 2 and max(r["calls"]) > 1 and r["fallbacks"] == 0
+
+
 COMPILED = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
