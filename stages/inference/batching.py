@@ -1,8 +1,10 @@
 """The generation engine: generations on a loaded model go through one continuous batch,
 transformers' ContinuousBatchingManager (a paged KV cache of a stated token budget; requests join
 and leave the batch between decode steps; on CUDA its decode step replayed as a CUDA graph). It is
-transformers' engine, configured here, not one written here; its attention is transformers' SDPA
-without the copies of keys and values per query head (stages/inference/attention.py).
+transformers' engine, configured here, not one written here; its attention
+(stages/inference/attention.py) reads each request's own keys on a GPU (a Triton kernel,
+stages/inference/varlen.py), and is transformers' SDPA without the copies of keys and values per
+query head on the CPU.
 
 One batch holds greedy and sampled requests side by side: every request states its temperature,
 top_p and top_k, and a greedy one (temperature 0) is sampled with top_k 1, which is the argmax.
