@@ -88,7 +88,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
 from stages.inference import attention, varlen
 from stages.inference.batching import Engine, Sampling
 from stages.model.tiny import char_tokenizer
@@ -117,7 +117,10 @@ kernel = [kernel_against_the_mask(*case) for case in [
     ([1] * 5 + [40], [30, 40, 50, 60, 70, 90], 8, 2, 16, 3),  # decodes beside a chunk with history, padded
     ([70], [70], 4, 4, 32, 0),                                # a first chunk, no grouping
     ([3, 1], [100, 8], 4, 1, 128, 0),                         # one key/value head for all
-    ([20, 1], [20, 5], 6, 2, 24, 0)]]                         # a head dimension not a power of two
+    ([20, 1], [20, 5], 6, 2, 24, 0),                          # a head dimension not a power of two
+    ([1, 1, 40], [50, 9, 100], 8, 1, 24, 0),                  # 8 query heads a key/value head
+    ([530], [530], 8, 1, 16, 0),                              # past 512 tokens: 64 rows a program
+    ([1] * 3 + [520, 2], [9, 30, 4, 600, 12], 4, 2, 16, 40)]] # a program's tokens from several requests, padded
 tok = char_tokenizer()
 config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=16, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
@@ -132,13 +135,30 @@ engine = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
 batched = [a.ids for a in engine.generate(prompts, Sampling(12))]
 engine.close()
 varlen.attention, attention.sdpa_attention_forward = own, masked
-alone = []
-for ids in prompts:
-    x = torch.tensor([ids])
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    alone.append(out[0, x.shape[1]:].tolist())
-print(json.dumps({"kernel": kernel, "batched": batched, "alone": alone, "calls": calls, "fallbacks": len(fallbacks)}))
+
+def one_at_a_time(model):
+    answers = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        answers.append(out[0, x.shape[1]:].tolist())
+    return answers
+
+# a sliding window (Mistral's layers pass it as a keyword) is not the kernel's: the masked SDPA keeps it
+windowed = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512, sliding_window=8,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+windowed = AutoModelForCausalLM.from_config(windowed, dtype=torch.float32, attn_implementation="sdpa").eval()
+window_calls = []
+varlen.attention = lambda *a, **k: window_calls.append(1) or own(*a, **k)
+engine = Engine(windowed, tok, {tok.eos_token_id}, kv_tokens=4096)
+window_batched = [a.ids for a in engine.generate(prompts, Sampling(12))]
+engine.close()
+varlen.attention = own
+print(json.dumps({"kernel": kernel, "batched": batched, "alone": one_at_a_time(model), "calls": calls,
+                  "fallbacks": len(fallbacks), "window_calls": len(window_calls), "window_batched": window_batched,
+                  "window_alone": one_at_a_time(windowed)}))
 """
 
 
@@ -146,9 +166,11 @@ def test_on_a_gpu_each_request_attends_to_its_own_keys():
     """On a GPU the batch's attention is stages/inference/varlen.py's Triton kernel: each request's
     queries over its own keys. Run here by Triton's interpreter on the CPU (TRITON_INTERPRET=1,
     which makes varlen.available take CPU tensors): the kernel equals SDPA under transformers'
-    batch mask (decodes, chunks with and without history, padding rows left 0, 1 to 4 query heads a
-    key/value head, a head dimension of 24), and the engine with it answers as generate does one
-    prompt at a time, the kernel called for every layer of every step and the masked SDPA never."""
+    batch mask (decodes, chunks with and without history, padding rows left 0, 1 to 8 query heads a
+    key/value head, a head dimension of 24, a step past 512 tokens, where a program takes several
+    tokens, from one request or several), and the engine with it answers as generate does one
+    prompt at a time, the kernel called for every layer of every step and the masked SDPA never. A
+    model with a sliding window keeps the masked SDPA, and its answers."""
     import json
     import os
     import subprocess
@@ -165,6 +187,7 @@ def test_on_a_gpu_each_request_attends_to_its_own_keys():
         assert difference < 1e-5 and padding == 0, r["kernel"]
     assert r["batched"] == r["alone"]
     assert len(r["calls"]) >= 12 * 2 and max(r["calls"]) > 1 and r["fallbacks"] == 0
+    assert r["window_calls"] == 0 and r["window_batched"] == r["window_alone"]  # prompts longer than the window
 
 
 COMPILED = """

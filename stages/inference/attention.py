@@ -42,8 +42,11 @@ def batch_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     groups = getattr(module, "num_key_value_groups", 1)
     shared_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
     plain = not dropout and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
-    own_keys = plain and varlen.available(query) and getattr(module, "sliding_window", None) is None \
-        and "cu_seq_lens_q" in kwargs
+    # full causal attention only: no sliding window (an attribute of the layer, or a keyword as Mistral's
+    # layers pass it), no attention sinks, keys and values as wide as the queries
+    full = getattr(module, "sliding_window", None) is None and kwargs.get("sliding_window") is None \
+        and kwargs.get("s_aux") is None and key.shape[-1] == value.shape[-1] == query.shape[-1]
+    own_keys = plain and full and varlen.available(query) and "cu_seq_lens_q" in kwargs
     if not own_keys and (groups == 1 or not shared_mask or not plain):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, cache=cache, **kwargs)

@@ -1,6 +1,6 @@
 """On the GPU: stages/inference/varlen.py against the engine's masked grouped SDPA (the path it
-replaces) on the 8B shape's heads, bf16, under CUDA graph capture (median of 100 replays each); then tiny in fp32 on CUDA: the engine's
-greedy answers equal generate's one at a time. Run from the checkout's root on the lent GPU;
+replaces) on the 8B shape's heads, bf16, under CUDA graph capture; then tiny fp32 on CUDA: the
+engine's greedy answers equal generate's one at a time. Run from the checkout's root on the lent GPU;
 results under $OUT. Kept as the record of what ran."""
 import json, os, statistics, sys
 sys.path.insert(0, os.getcwd())
@@ -68,8 +68,12 @@ for R in (1, 8, 32, 64, 128):
 case("decode_32_ctx600", [1] * 32, ctx(32, 600), pad_q=32, pad_seqs=32)
 case("decode_128_ctx600", [1] * 128, ctx(128, 600))
 case("mixed_20_and_chunk", [1] * 20 + [300], ctx(20, 190) + [700], pad_q=(-320) % 64)
+case("mixed_20_and_chunk_padded", [1] * 20 + [300], ctx(20, 190) + [700], pad_q=(-320) % 64, pad_seqs=299)
 case("chunk_2048", [2048], [2300])
+case("chunk_2048_padded", [2048], [2300], pad_seqs=1023)
 case("chunk_2048_first", [2048], [2048])
+case("decode_1_ctx8k", [1], [8192], pad_q=63, pad_seqs=63)
+case("decode_1_ctx32k", [1], [32768], pad_q=63, pad_seqs=63)
 
 # tiny in fp32 on CUDA through the engine: answers equal generate's
 from transformers import AutoModelForCausalLM, Qwen3Config
