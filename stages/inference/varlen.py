@@ -11,8 +11,7 @@ that share it as rows (no copy of keys or values), and reads that request's keys
 at the bottom right (a prefill chunk's tokens see the history and the chunk up to themselves),
 exactly what the mask expressed. The grid follows the step's tokens, not its padded requests
 (transformers pads a step of 2,048 tokens to 1,024 requests), and a program finds its request by
-a binary search of `cu_q`. torch's public alternatives were measured and lose
-(bench/results/generation_own_keys_2026-11-28/README.md):
+a binary search of `cu_q`. torch's public alternatives were measured and lose (docs/serving.md):
 jagged-tensor SDPA wants equal query and key heads, so keys and values are copied per query head;
 FlexAttention's decoding was slower than the masked SDPA.
 
