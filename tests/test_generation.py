@@ -127,14 +127,21 @@ config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_
                      pad_token_id=tok.pad_token_id)
 model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 prompts = [tok(p)["input_ids"] for p in sys.argv[2:]]
-calls, fallbacks = [], []
 own, masked = varlen.attention, attention.sdpa_attention_forward
-varlen.attention = lambda *a, **k: calls.append(a[0].shape[2]) or own(*a, **k)
-attention.sdpa_attention_forward = lambda *a, **k: fallbacks.append(1) or masked(*a, **k)
-engine = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
-batched = [a.ids for a in engine.generate(prompts, Sampling(12))]
-engine.close()
-varlen.attention, attention.sdpa_attention_forward = own, masked
+
+def in_the_batch(model, calls, fallbacks):
+    # the engine's answers, each kernel call's query tokens and each masked SDPA call counted
+    varlen.attention = lambda *a, **k: calls.append(a[0].shape[2]) or own(*a, **k)
+    attention.sdpa_attention_forward = lambda *a, **k: fallbacks.append(1) or masked(*a, **k)
+    engine = Engine(model, tok, {tok.eos_token_id}, kv_tokens=4096)
+    try:
+        return [a.ids for a in engine.generate(prompts, Sampling(12))]
+    finally:
+        engine.close()
+        varlen.attention, attention.sdpa_attention_forward = own, masked
+
+calls, fallbacks = [], []
+batched = in_the_batch(model, calls, fallbacks)
 
 def one_at_a_time(model):
     answers = []
@@ -151,11 +158,7 @@ windowed = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, 
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 windowed = AutoModelForCausalLM.from_config(windowed, dtype=torch.float32, attn_implementation="sdpa").eval()
 window_calls = []
-varlen.attention = lambda *a, **k: window_calls.append(1) or own(*a, **k)
-engine = Engine(windowed, tok, {tok.eos_token_id}, kv_tokens=4096)
-window_batched = [a.ids for a in engine.generate(prompts, Sampling(12))]
-engine.close()
-varlen.attention = own
+window_batched = in_the_batch(windowed, window_calls, [])
 print(json.dumps({"kernel": kernel, "batched": batched, "alone": one_at_a_time(model), "calls": calls,
                   "fallbacks": len(fallbacks), "window_calls": len(window_calls), "window_batched": window_batched,
                   "window_alone": one_at_a_time(windowed)}))
