@@ -61,6 +61,53 @@ def test_greedy_answers_equal_generate_one_at_a_time(engine, model_and_tok):
     assert [a.finish for a in answers] == ["stop" if a.ids[-1] == tok.eos_token_id else "length" for a in answers]
 
 
+def test_greedy_requests_beside_sampled_ones_answer_as_generate(engine, model_and_tok):
+    """Each request brings its own sampling: greedy ones (top_p 0 keeps the highest score alone)
+    sharing steps with sampled ones still answer exactly as `generate` one at a time."""
+    import asyncio
+
+    model, tok = model_and_tok
+
+    async def answer(text: str, s: Sampling):
+        async for piece in engine.stream(tok(text)["input_ids"], s, texts=False):
+            return piece
+
+    async def together():
+        return await asyncio.gather(*[answer(p, s) for p in PROMPTS
+                                      for s in (Sampling(24), Sampling(24, temperature=1.0, top_p=0.9))])
+
+    answers = asyncio.run(together())
+    assert [a.ids for a in answers[::2]] == [sequential(model, tok, p, 24) for p in PROMPTS]
+    assert all(a.ids for a in answers[1::2])
+
+
+def test_a_greedy_request_picks_the_same_of_two_tied_tokens_every_time(model_and_tok):
+    """Two tokens with the same output row always tie. Greedy requests keep one token, the same
+    one in every request and every run (with top_k 1, both tied tokens passed and the sampler
+    drew between them)."""
+    import copy
+
+    import torch
+
+    model, tok = model_and_tok
+    tied = copy.deepcopy(model)
+    ids = tok("x")["input_ids"]
+    first = sequential(model, tok, "x", 1)[0]
+    other = next(t for t in range(tied.config.vocab_size)
+                 if t != first and t not in (tok.eos_token_id, tok.pad_token_id))
+    with torch.no_grad():
+        head = tied.get_output_embeddings().weight
+        head[other] = head[first]
+    e = Engine(tied, tok, {tok.eos_token_id}, kv_tokens=4096)
+    try:
+        runs = [e.generate([ids] * 8, Sampling(max_new_tokens=6)) for _ in range(2)]
+    finally:
+        e.close()
+    answers = [a.ids for run in runs for a in run]
+    assert answers[0][0] in (first, other)
+    assert all(a == answers[0] for a in answers), answers
+
+
 def test_the_batch_attends_with_query_heads_grouped_not_keys_copied(model_and_tok, monkeypatch):
     """The engine's attention (stages/inference/attention.py) runs for every layer of every step
     of the batch, and its answers are generate's one at a time (above, and here with its calls

@@ -6,8 +6,11 @@ transformers' engine, configured here, not one written here; its attention
 stages/inference/varlen.py), and is transformers' SDPA without the copies of keys and values per
 query head on the CPU.
 
-One batch holds greedy and sampled requests side by side: every request states its temperature,
-top_p and top_k, and a greedy one (temperature 0) is sampled with top_k 1, which is the argmax.
+One batch holds greedy and sampled requests side by side: every request states its temperature
+and top_p, and a greedy one (temperature 0) is sampled with top_p 0, which keeps the highest
+score alone (under an exact tie, the same one of the tied every time). A top-k processor, whose
+only use was top_k 1 for greedy requests, would sort the vocabulary of every request a second
+time at every step.
 What a request cannot have of its own is a random generator: sampled requests share the batch's,
 so a seed makes no sampled answer repeatable (greedy ones are, and equal the sequential path's).
 
@@ -131,7 +134,6 @@ class Engine:
         self.tok, self.eos_ids, self.fixed = tok, set(eos_ids), sampling is not None
         self.kv_tokens = kv_tokens or kv_budget_tokens(model)
         device = model.device.type
-        self.vocab = model.config.get_text_config().vocab_size
         ends = dict(eos_token_id=sorted(self.eos_ids), pad_token_id=tok.pad_token_id)
         if sampling is not None:
             temperature, top_p = sampling
@@ -140,7 +142,7 @@ class Engine:
         else:
             # The manager makes a logits processor only for a setting that differs from the no-op default,
             # and then takes each request's own value: these defaults are placeholders every request overrides.
-            config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=self.vocab, **ends)
+            config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=None, **ends)
         # On CUDA the decode step is a CUDA graph. Async batching (the next batch prepared while one
         # runs) was 8-17% faster at 32-128 requests on an H200 but its loop died on a request's
         # missing block table mid-run (transformers 5.23), taking every request with it: off.
@@ -198,7 +200,7 @@ class Engine:
             self.waiting[rid] = waiting
         greedy = s.temperature <= 0
         own = {} if self.fixed else dict(temperature=1.0 if greedy else float(s.temperature),
-                                         top_p=1.0 if greedy else float(s.top_p), top_k=1 if greedy else self.vocab)
+                                         top_p=0.0 if greedy else float(s.top_p))
         taken = self.manager.add_request(list(ids), request_id=rid, max_new_tokens=s.max_new_tokens, streaming=streaming,
                                          **own)
         if taken is None:  # the manager refuses requests once its thread has stopped
