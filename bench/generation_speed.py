@@ -16,8 +16,10 @@ Measured in one process on the GPU it reports:
   by the same clients.
 The served app is stages/inference/app.py over stages/inference/generation.py's ServedModel, as
 `doit serve` runs them, minus the manifest gate (there is no 8B build to gate here). The clients
-run in a process of their own, as real clients would: in the server's process their threads
-would take the interpreter's lock from the server's.
+run in processes of their own, as real clients would (in the server's process their threads
+would take the interpreter's lock from the server's), spread over --client-processes (8): all
+of them in one process measured that process's parsing of the streamed chunks as much as the
+server (bench/results/generation_clients_2026-11-28/README.md).
 
     python -m bench.generation_speed --out bench/results/generation_speed_h100_<date>.json
     python -m bench.generation_speed --tiny   # a CPU smoke run of the same code
@@ -195,26 +197,51 @@ def one(client, model_id: str, question: str, new_tokens: int) -> dict:
 
 def client_load(base_url: str, model_id: str, questions: list[str], clients: int, new_tokens: int) -> dict:
     """`clients` OpenAI clients at once (1: the questions one after another), each streaming its
-    questions' answers: aggregate tokens/s and time to first token. Runs in the clients' process."""
+    questions' answers, in this clients' process: each request's figures, and when the first
+    began and the last ended (time.monotonic, one clock for every process of the machine)."""
     import httpx2
     from openai import DefaultHttpxClient, OpenAI
 
     client = OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=3600,
                     http_client=DefaultHttpxClient(trust_env=False,  # localhost: no proxy
                                                    limits=httpx2.Limits(max_connections=clients + 8)))
-    start = time.perf_counter()
+    start = time.monotonic()
     with ThreadPoolExecutor(clients) as pool:
         results = list(pool.map(lambda q: one(client, model_id, q, new_tokens), questions))
-    wall = time.perf_counter() - start
-    ttft = sorted(r["ttft"] for r in results)
-    tokens = sum(r["tokens"] for r in results)
-    return {"tokens_per_s": tokens / wall, "completion_tokens": tokens, "seconds": wall,
+    return {"requests": results, "start": start, "end": time.monotonic()}
+
+
+def ready_clients(_) -> None:
+    """Imports the client side in a clients' process and holds it a moment, so that as many
+    processes as there are calls start (the pool starts one per call that finds none idle)."""
+    for name in ("httpx2", "openai"):
+        importlib.import_module(name)
+    time.sleep(1.0)
+
+
+def load(pool, processes: int, base_url: str, model_id: str, questions: list[str], clients: int,
+         new_tokens: int) -> dict:
+    """`clients` clients at once spread over up to `processes` clients' processes, as real
+    clients are (several machines, or processes): in one process, the SSE parsing and the
+    response objects of every client's chunks share one interpreter lock, which bounded what
+    was measured. Aggregate tokens/s over the span from the first request to the last answer,
+    and time to first token."""
+    k = max(1, min(processes, clients))
+    calls = [pool.submit(client_load, base_url, model_id, questions[i::k], clients // k + (i < clients % k), new_tokens)
+             for i in range(k)]
+    parts = [c.result() for c in calls]
+    requests = [r for p in parts for r in p["requests"]]
+    wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+    ttft = sorted(r["ttft"] for r in requests)
+    tokens = sum(r["tokens"] for r in requests)
+    return {"tokens_per_s": tokens / wall, "completion_tokens": tokens, "seconds": wall, "client_processes": k,
             "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))]}
 
 
-def measure_server(clients_process, server, questions: list[str], levels: list[int], new_tokens: int, r: dict) -> None:
+def measure_server(clients_process, processes: int, server, questions: list[str], levels: list[int], new_tokens: int,
+                   r: dict) -> None:
     """Single stream (three questions one after another) and each concurrency level into `r`."""
-    call = lambda qs, n: clients_process.submit(client_load, server.base_url, server.model_id, qs, n, new_tokens).result()
+    call = lambda qs, n: load(clients_process, processes, server.base_url, server.model_id, qs, n, new_tokens)
     single = call(questions[:3], 1)
     r["single_stream_tokens_per_s"], r["single_stream_ttft_s"] = single["tokens_per_s"], single["ttft_p50_s"]
     r["concurrent"] = {str(n): call((questions * (1 + n // len(questions)))[:n], n) for n in levels}
@@ -268,7 +295,9 @@ def run(args, result: dict, save) -> None:
     options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
     compiled = device == "cuda" and not args.eager  # as doit serve runs the trained model
     result["compiled"] = compiled
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
+    args.client_processes = result["client_processes"] = max(1, min(args.client_processes, max(levels)))
+    with ProcessPoolExecutor(args.client_processes, mp_context=multiprocessing.get_context("spawn")) as clients:
+        list(clients.map(ready_clients, range(args.client_processes)))
         t = time.perf_counter()
         served_model = ServedModel(model, tok, options=options, compiled=compiled)
         result["engine_options"] = options
@@ -289,12 +318,12 @@ def run(args, result: dict, save) -> None:
 
 def serve_measures(args, result, save, clients, served, served_model, model, questions, prompts, levels, lengths):
     t = time.perf_counter()
-    clients.submit(client_load, served.base_url, served.model_id, questions[:1], 1, 8).result()  # CUDA graphs captured
+    load(clients, 1, served.base_url, served.model_id, questions[:1], 1, 8)  # CUDA graphs captured
     result["first_request_seconds"] = time.perf_counter() - t
     result["kv_cache_tokens"] = served_model.kv_tokens
     for new_tokens in lengths:
         r = result["by_new_tokens"][str(new_tokens)]
-        measure_server(clients, served, questions, levels, new_tokens, r)
+        measure_server(clients, args.client_processes, served, questions, levels, new_tokens, r)
         if "bandwidth_bound_tokens_per_s" in r:
             r["single_stream_share_of_bound"] = r["single_stream_tokens_per_s"] / r["bandwidth_bound_tokens_per_s"]
         for c in r["concurrent"].values():
@@ -334,12 +363,12 @@ def serve_peer(args, result, save, clients, model, tok, questions, levels, lengt
         t = time.perf_counter()
         peer = ServePeer(work / "model", args.out.with_suffix(".serve_peer.log"))
         try:
-            clients.submit(client_load, peer.base_url, peer.model_id, questions[:1], 1, 8).result()
+            load(clients, 1, peer.base_url, peer.model_id, questions[:1], 1, 8)
             result["peer_transformers_serve_start_seconds"] = time.perf_counter() - t
             for new_tokens in lengths:
                 r = result["by_new_tokens"][str(new_tokens)]
                 p = r["peer_transformers_serve"] = {}
-                measure_server(clients, peer, questions, levels, new_tokens, p)
+                measure_server(clients, args.client_processes, peer, questions, levels, new_tokens, p)
                 for n, c in r["concurrent"].items():
                     c["x_peer_transformers_serve"] = c["tokens_per_s"] / p["concurrent"][n]["tokens_per_s"]
                 save()
@@ -357,6 +386,8 @@ def main():
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512], help="completion lengths measured")
     ap.add_argument("--levels", type=int, nargs="+", default=[8, 32, 128], help="concurrent clients measured")
+    ap.add_argument("--client-processes", type=int, default=8,
+                    help="processes the concurrent clients are spread over (1: every client in one process)")
     ap.add_argument("--serve-peer", action="store_true", help="also measure `transformers serve --continuous-batching`")
     ap.add_argument("--serving-only", action="store_true",
                     help="the served engine only (no `generate` peer, no greedy comparison): two versions of the "

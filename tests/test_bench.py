@@ -158,13 +158,15 @@ def test_generation_speed_serves_through_the_engine(tmp_path):
     bench("generation_speed", "--tiny", "--serve-peer", "--out", tmp_path / "gen.json")
     r = fields(tmp_path / "gen.json")
     real = fields(REPO / "bench" / "results" / "generation_speed_h200_2026-11-26_engine_kv1024_run3.json")
-    assert set(r) == set(real) | {"compiled"}  # whether the served forward was compiled: recorded since 2026-11-28
+    # since 2026-11-28: whether the served forward was compiled, and the clients' processes
+    assert set(r) == set(real) | {"compiled", "client_processes"}
     assert r["compiled"] is False  # not on the CPU
     one = next(iter(r["by_new_tokens"].values()))
     real_one = real["by_new_tokens"]["128"]
     assert set(real_one) - set(one) == {"bandwidth_bound_tokens_per_s", "single_stream_share_of_bound"}
-    for level in one["concurrent"].values():
-        assert set(level) == set(real_one["concurrent"]["32"])
+    for n, level in one["concurrent"].items():
+        assert set(level) == set(real_one["concurrent"]["32"]) | {"client_processes"}
+        assert level["client_processes"] == int(n)  # each of the few clients in a process of its own
     peer = one["peer_transformers_serve"]
     assert set(peer) == set(real_one["peer_transformers_serve"])
     assert all(c["completion_tokens"] > 0 for c in peer["concurrent"].values())  # the peer answered every client
