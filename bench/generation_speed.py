@@ -17,9 +17,9 @@ Measured in one process on the GPU it reports:
 The served app is stages/inference/app.py over stages/inference/generation.py's ServedModel, as
 `doit serve` runs them, minus the manifest gate (there is no 8B build to gate here). The clients
 run in processes of their own, as real clients would (in the server's process their threads
-would take the interpreter's lock from the server's), spread over --client-processes (8): all
-of them in one process measured that process's parsing of the streamed chunks as much as the
-server (bench/results/generation_clients_2026-11-28/README.md).
+would take the interpreter's lock from the server's), spread over --client-processes (8): real clients
+are separate programs (all of them in one process measured within noise of 8 on two H200s:
+bench/results/generation_sampler_2026-11-28/README.md).
 
     python -m bench.generation_speed --out bench/results/generation_speed_h100_<date>.json
     python -m bench.generation_speed --tiny   # a CPU smoke run of the same code
@@ -222,10 +222,9 @@ def ready_clients(_) -> None:
 def load(pool, processes: int, base_url: str, model_id: str, questions: list[str], clients: int,
          new_tokens: int) -> dict:
     """`clients` clients at once spread over up to `processes` clients' processes, as real
-    clients are (several machines, or processes): in one process, the SSE parsing and the
-    response objects of every client's chunks share one interpreter lock, which bounded what
-    was measured. Aggregate tokens/s over the span from the first request to the last answer,
-    and time to first token."""
+    clients are separate programs (in one process every client's chunk parsing shares one
+    interpreter lock). Aggregate tokens/s over the span from the first request to the last
+    answer, and time to first token."""
     k = max(1, min(processes, clients))
     calls = [pool.submit(client_load, base_url, model_id, questions[i::k], clients // k + (i < clients % k), new_tokens)
              for i in range(k)]
