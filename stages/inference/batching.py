@@ -144,8 +144,8 @@ class Engine:
             # and then takes each request's own value: these defaults are placeholders every request overrides.
             config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=None, **ends)
         # On CUDA the decode step is a CUDA graph. Async batching (the next batch prepared while one
-        # runs) was 8-17% faster at 32-128 requests on an H200 but its loop died on a request's
-        # missing block table mid-run (transformers 5.23), taking every request with it: off.
+        # runs) first died mid-run on a request's missing block table (transformers 5.23), then, with
+        # this attention, ran 2-4x slower at 1-128 requests on an H200: off.
         cuda = device == "cuda"
         step = MAX_BATCH_TOKENS["cuda" if cuda else "cpu"]
         batching = ContinuousBatchingConfig(**{
