@@ -169,6 +169,8 @@ def attacks(s: Server) -> dict:
         "10,000 stops of 1,000 characters": (lambda: chat(stop=["x" * 1000] * 10_000), *too_large),
         "5 stops": (lambda: chat(stop=["a", "b", "c", "d", "e"]), 400, None, "stop"),
         "seed 2**80": (lambda: chat(seed=2**80), 400, None, "seed"),
+        "top_p 0": (lambda: chat(top_p=0), 400, None, "top_p"),  # the engine's greedy setting, not a client's
+        "top_p 2": (lambda: chat(top_p=2), 400, None, "top_p"),
         "max_tokens 2**80": (lambda: chat(max_tokens=2**80), 400, None, "max_tokens"),
         "max_completion_tokens 2**63": (lambda: chat(max_completion_tokens=2**63), 400, None,
                                         "max_completion_tokens"),
