@@ -144,8 +144,9 @@ class Engine:
             # and then takes each request's own value: these defaults are placeholders every request overrides.
             config = GenerationConfig(do_sample=True, temperature=0.5, top_p=0.5, top_k=None, **ends)
         # On CUDA the decode step is a CUDA graph. Async batching (the next batch prepared while one
-        # runs) first died mid-run on a request's missing block table (transformers 5.23), then, with
-        # this attention, ran 2-4x slower at 1-128 requests on an H200: off.
+        # runs) is off: it copies SDPA's mask, sized by the whole KV cache (about 2 GB on an H200), from
+        # the host at every step, 2-4x slower at 1-128 requests; with a 16-64k token cache it was on
+        # par, not a gain (bench/results/generation_cold_warm_2026-11-28/README.md).
         cuda = device == "cuda"
         step = MAX_BATCH_TOKENS["cuda" if cuda else "cpu"]
         batching = ContinuousBatchingConfig(**{
