@@ -416,6 +416,8 @@ def main():
     ap.add_argument("--eager", action="store_true",
                     help="serve with the model's forward uncompiled (on a GPU doit serve compiles it)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: each level needs at least one round")
     out = args.out or (tiny.results_path("generation_speed") if args.tiny else
                        REPO / "bench" / "results" / f"generation_speed_{time.strftime('%Y-%m-%d')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
