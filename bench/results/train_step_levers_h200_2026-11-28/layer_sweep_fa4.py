@@ -63,5 +63,4 @@ def variant(name, opts=None, kw=None, lora=True, attn="flex_attention", compile=
 variant("ours")
 variant("fa4", attn="flash_attention_4")
 variant("fa4_eager_layers", attn="flash_attention_4", compile=False)
-variant("flex_eager_layers", compile=False)
 json.dump(out, open(os.environ.get("OUT", ".") + "/layer_sweep.json", "w"), indent=1)
