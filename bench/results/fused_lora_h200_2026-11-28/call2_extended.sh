@@ -1,0 +1,12 @@
+# second call: fused_lora with the extended products (a wide projection's forward, a narrow one's input gradient):
+# the op orderings again, parity, then 8 layers with PEFT's LoRA and fused LoRA, two fresh processes each, alternating
+. bench/gpu_site.sh && install_site || exit 1
+nvidia-smi --query-gpu=name --format=csv,noheader
+S=bench/results/fused_lora_h200_2026-11-28/fused_lora_layers.py
+timeout 60 python3 $S ops > $OUT/ops.log 2>&1; tail -c 4000 $OUT/ops.log
+TORCHINDUCTOR_CACHE_DIR=/tmp/ind_par TRITON_CACHE_DIR=/tmp/tri_par timeout 120 python3 $S parity > $OUT/parity.log 2>&1; tail -c 1500 $OUT/parity.log
+export LAYERS=8
+for r in 1 2; do for v in peft fused; do
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ind_$v$r TRITON_CACHE_DIR=/tmp/tri_$v$r timeout 100 python3 $S layers $v $r > $OUT/layers_${v}_$r.log 2>&1
+  grep -E "^layers " $OUT/layers_${v}_$r.log || tail -5 $OUT/layers_${v}_$r.log
+done; done
