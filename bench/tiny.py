@@ -85,7 +85,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
     from stages.train import autotune
     from stages.train.methods import METHODS
     from stages.model.numerics import training_mode
-    from stages.train.settings import apply_settings, lora_config, sdpa_backend
+    from stages.train.settings import apply_settings, lora_config, step_context
 
     training_mode()
     config = AutoConfig.from_pretrained(config_dir)
@@ -107,7 +107,7 @@ def probe(config_dir, recipe, log, batch: int) -> dict:
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
             steps = packed_batch(setting["micro_batch_size"] * sequences, length, config.vocab_size)
             times = []
-            with sdpa_backend(setting["sdpa_backend"]):
+            with step_context(model, setting, bf16=False):  # fp32 on the CPU: no autocast
                 for _ in range(1 + autotune.TIMED_STEPS):
                     start = time.perf_counter()
                     model(**steps).loss.backward()

@@ -34,7 +34,7 @@ from pathlib import Path
 from stages.model.numerics import training_mode
 from stages.train.methods import METHODS
 from stages.train.settings import (apply_settings, compile_regions, decoder_layers, lora_config, nf4_config, rocm_env,
-                                   sdpa_backend, switch_settings, without_peft)
+                                   step_context, switch_settings, without_peft)
 
 TIMED_STEPS = 3  # after one warm-up step; the median, so one step held up by the host does not decide
 MEMORY_MARGIN = 0.10  # of the GPU's memory, left free for fragmentation and longer runs
@@ -267,7 +267,6 @@ def probe(config_dir, recipe, log, batch: int, shards: int = 1, deadline: float 
     import os
 
     import torch
-    from peft.helpers import disable_input_dtype_casting
     from transformers import AutoConfig, AutoModelForCausalLM
 
     training_mode()
@@ -376,8 +375,7 @@ def probe(config_dir, recipe, log, batch: int, shards: int = 1, deadline: float 
             model = model_for(setting)
             optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=True)
             batch = packed_batch(*batch_shape(recipe, setting["micro_batch_size"]), config.vocab_size)
-            # as training runs: the plan's SDPA backend, LoRA inputs left in bf16 under autocast
-            with sdpa_backend(setting["sdpa_backend"]), disable_input_dtype_casting(model):
+            with step_context(model, setting):  # as training runs
                 if shards > 1:
                     result = sliced(model, optimizer, batch)
                 else:

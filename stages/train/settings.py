@@ -164,17 +164,27 @@ def fused_loss(model) -> None:
     apply(model=model, fused_linear_cross_entropy=True, **others)
 
 
-def training_context(trainer, plan: dict):
-    """What train() runs inside: the plan's SDPA backend and, under bf16 autocast, LoRA
-    inputs left in bf16. PEFT keeps the adapters in fp32 and casts each input to fp32 (an
-    fp32 copy of every projection's input); autocast casts it back to bf16 for the matmul,
-    so the round trip changes no value. 8B LoRA micro-batch 4 on H100 through this trainer:
-    2.3 GiB less peak memory, the same speed (bench/step_profile.py trainer_mb4_input_cast)."""
+def step_context(model, plan: dict, bf16: bool = True):
+    """What every training step runs inside, in training and in the probe's measurements alike:
+    the plan's SDPA backend; under bf16 autocast, LoRA inputs left in bf16; LoRA's scale in B's
+    weight (stages/train/lora_scale.py). PEFT keeps the adapters in fp32 and casts each input
+    to fp32 (an fp32 copy of every projection's input); autocast casts it back to bf16 for the
+    matmul, so the round trip changes no value. 8B LoRA micro-batch 4 on H100 through this
+    trainer: 2.3 GiB less peak memory, the same speed (bench/step_profile.py
+    trainer_mb4_input_cast)."""
     from contextlib import ExitStack
 
     from peft.helpers import disable_input_dtype_casting
 
+    from stages.train.lora_scale import scale_in_weight
+
     stack = ExitStack()
     stack.enter_context(sdpa_backend(plan["sdpa_backend"]))
-    stack.enter_context(disable_input_dtype_casting(trainer.model, active=trainer.args.bf16))
+    stack.enter_context(disable_input_dtype_casting(model, active=bf16))
+    stack.enter_context(scale_in_weight(model))
     return stack
+
+
+def training_context(trainer, plan: dict):
+    """What train() runs inside: step_context for the Trainer's model and precision."""
+    return step_context(trainer.model, plan, trainer.args.bf16)

@@ -1,8 +1,8 @@
 """Issue 39 (fused LoRA, fresh processes): LAYERS Qwen3-8B decoder layers + LM head with LoRA r16
 (all-linear), 4 x 2048 packed, forward+backward under bf16 autocast as the trainer runs them
 (regional compile with COMPILE_OPTIONS, flex attention, inputs left in bf16): PEFT's LoRA forward
-(peft), this folder's fused_lora.py (fused), no LoRA with gradients through every layer (no_lora).
-parity: PEFT against fused on one model (lora_B random, so every gradient is non-zero), loss and
+(peft), this folder's fused_lora.py (fused), stages/train/lora_scale (scaled: call 4), no LoRA with gradients through every layer (no_lora).
+parity [fused|scaled]: PEFT against the other on one model (lora_B random, so every gradient is non-zero), loss and
 gradients. ops: the forward's and the input gradient's cuBLAS orderings on one projection."""
 import json, os, statistics, sys, time, traceback
 from contextlib import nullcontext
@@ -14,6 +14,10 @@ from stages.train import settings
 from stages.train.autotune import packed_batch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fused_lora import fused_lora  # noqa: E402 (this folder's: the version each call ran is in its README)
+from stages.train.lora_scale import scale_in_weight  # noqa: E402
+
+CONTEXT = {"peft": lambda m: nullcontext(), "no_lora": lambda m: nullcontext(), "fused": fused_lora,
+           "scaled": scale_in_weight}
 
 LAYERS = int(os.environ.get("LAYERS", "8"))
 SHAPE = dict(hidden_size=4096, num_hidden_layers=LAYERS, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -43,9 +47,9 @@ def step(m):
     return loss
 
 
-def timed(m, fused, n=20):
+def timed(m, which, n=20):
     ts = []
-    with disable_input_dtype_casting(m, active=True), (fused_lora(m) if fused else nullcontext()):
+    with disable_input_dtype_casting(m, active=True), CONTEXT[which](m):
         for i in range(n + 4):
             torch.cuda.synchronize(); s = time.perf_counter()
             loss = step(m)
@@ -60,23 +64,23 @@ def layers(which):
         m.model.embed_tokens.weight.requires_grad_(True)  # gradients flow through every layer
         for n_, p in m.named_parameters():
             if "embed" not in n_: p.requires_grad_(False)
-    return timed(m, which == "fused")
+    return timed(m, which)
 
 
-def parity():
+def parity(other="fused"):
     m = build()
     for n_, p in m.named_parameters():
         if "lora_B" in n_: torch.nn.init.normal_(p, std=0.02)
     res = {}
-    for name, fused in (("peft", False), ("fused", True), ("peft_again", False)):
+    for name in ("peft", other, "peft_again"):
         m.zero_grad(set_to_none=True)
-        with disable_input_dtype_casting(m, active=True), (fused_lora(m) if fused else nullcontext()):
+        with disable_input_dtype_casting(m, active=True), CONTEXT[name.replace("_again", "")](m):
             loss = step(m)
         res[name] = (loss.item(), {n_: p.grad.float().clone() for n_, p in m.named_parameters() if p.grad is not None})
     def rel(a, b):
         return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
-    return {"loss_peft": res["peft"][0], "loss_fused": res["fused"][0], "loss_peft_again": res["peft_again"][0],
-            "grad_rel_diff_fused_vs_peft": rel(res["fused"][1], res["peft"][1]),
+    return {"loss_peft": res["peft"][0], f"loss_{other}": res[other][0], "loss_peft_again": res["peft_again"][0],
+            f"grad_rel_diff_{other}_vs_peft": rel(res[other][1], res["peft"][1]),
             "grad_rel_diff_peft_vs_peft": rel(res["peft_again"][1], res["peft"][1]), "grads": len(res["peft"][1])}
 
 
@@ -115,7 +119,7 @@ def ops():
 if __name__ == "__main__":  # (kernel_profile.py imports build and step)
     which = sys.argv[1]
     try:
-        r = layers(sys.argv[2]) if which == "layers" else {"parity": parity, "ops": ops}[which]()
+        r = layers(sys.argv[2]) if which == "layers" else {"parity": parity, "ops": ops}[which](*sys.argv[2:3])
     except Exception:
         r = {"error": traceback.format_exc()[-1500:]}
     out[which if which != "layers" else sys.argv[2]] = r

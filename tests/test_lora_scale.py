@@ -1,0 +1,122 @@
+"""LoRA's scale in B's weight (stages/train/lora_scale.py): the same loss and gradients as PEFT's
+own forward, PEFT's forward wherever the case is not plain LoRA, and PEFT's modules as they were
+after. A tiny Qwen3 on the CPU with PEFT's real LoRA."""
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from peft.helpers import disable_input_dtype_casting
+from peft.tuners.lora import Linear
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from stages.train.lora_scale import plain_lora, scale_in_weight
+
+CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              intermediate_size=128, vocab_size=100)
+
+
+def lora_model(alpha=8, dropout=0.0, dtype=torch.float32):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**CONFIG), dtype=dtype)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=alpha, lora_dropout=dropout, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero, which would leave A's gradient zero
+                p.normal_(std=0.1)
+    return model
+
+
+IDS = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def loss_and_grads(model, seed=0):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss = model(input_ids=IDS, labels=IDS).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same(a, b, exact=True):
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 2 * 7 * CONFIG["num_hidden_layers"]
+    check = torch.equal if exact else (lambda x, y: torch.allclose(x, y, rtol=1e-4, atol=1e-6))
+    assert check(loss_a, loss_b)
+    assert all(check(grads_a[k], grads_b[k]) for k in grads_a)
+
+
+def test_a_power_of_two_scale_gives_peft_values_to_the_bit():
+    model = lora_model(alpha=8)  # scale 2: the default alpha = 2r
+    peft = loss_and_grads(model)
+    with scale_in_weight(model):
+        ours = loss_and_grads(model)
+    assert_same(ours, peft)
+
+
+def test_any_scale_gives_peft_values_within_rounding():
+    model = lora_model(alpha=5)  # scale 1.25
+    peft = loss_and_grads(model)
+    with scale_in_weight(model):
+        ours = loss_and_grads(model)
+    assert_same(ours, peft, exact=False)
+
+
+def test_bf16_under_autocast_with_fp32_adapters_as_training_runs():
+    model = lora_model(dtype=torch.bfloat16)
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)  # PEFT upcasts them
+    with disable_input_dtype_casting(model), torch.autocast("cpu", dtype=torch.bfloat16):
+        peft = loss_and_grads(model)
+        with scale_in_weight(model):
+            x = torch.randn(3, CONFIG["hidden_size"], dtype=torch.bfloat16)
+            assert {plain_lora(m, x, (), {}) for m in model.modules() if isinstance(m, Linear)
+                    if m.in_features == CONFIG["hidden_size"]} == {"default"}
+            ours = loss_and_grads(model)
+    assert_same(ours, peft)
+
+
+def test_peft_forward_where_the_case_is_not_plain_lora():
+    model = lora_model(dropout=0.1)  # a dropout mask per projection: PEFT's forward, same masks by seed
+    x = torch.randn(3, CONFIG["hidden_size"])
+    layer = next(m for m in model.modules() if isinstance(m, Linear))
+    assert plain_lora(layer, x, (), {}) is None
+    model.train()
+    peft = loss_and_grads(model, seed=3)
+    with scale_in_weight(model):
+        ours = loss_and_grads(model, seed=3)
+    assert_same(ours, peft)
+
+    model = lora_model()
+    layer = next(m for m in model.modules() if isinstance(m, Linear))
+    assert plain_lora(layer, x, (), {}) == "default"
+    assert plain_lora(layer, x.double(), (), {}) is None  # PEFT would cast this input to the adapter's dtype
+    with scale_in_weight(model), model.disable_adapter():
+        assert plain_lora(layer, x, (), {}) is None
+        with torch.no_grad():
+            off = model(input_ids=IDS).logits
+    with torch.no_grad(), model.disable_adapter():
+        assert torch.equal(off, model(input_ids=IDS).logits)
+    model.merge_adapter()
+    assert plain_lora(layer, x, (), {}) is None
+
+
+def test_peft_modules_as_they_were_after_and_after_an_error():
+    model = lora_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="stop"):
+        with scale_in_weight(model):
+            assert all("forward" in m.__dict__ for m in model.modules() if isinstance(m, Linear))
+            raise RuntimeError("stop")
+    assert not any("forward" in m.__dict__ for m in model.modules() if isinstance(m, Linear))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_plain_lora_does_not_run_peft_forward(monkeypatch):
+    model = lora_model()
+
+    def peft_forward(*args, **kwargs):
+        raise AssertionError("PEFT's forward ran")
+
+    monkeypatch.setattr(Linear, "forward", peft_forward)
+    with scale_in_weight(model):
+        loss_and_grads(model)
+    with pytest.raises(AssertionError, match="PEFT's forward ran"):
+        loss_and_grads(model)
