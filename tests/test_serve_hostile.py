@@ -9,7 +9,8 @@ import http.client
 import json
 import select
 import socket
-import threading
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,29 +67,42 @@ def peak_rss(pid: int) -> int:
     return total
 
 
+WATCH = """
+import json, sys, threading, time
+import httpx2
+slowest, failures, done, started = 0.0, [], threading.Event(), False
+threading.Thread(target=lambda: (sys.stdin.readline(), done.set()), daemon=True).start()
+with httpx2.Client(trust_env=False, timeout=10) as c:
+    while not done.is_set():  # until the test writes a line
+        start = time.monotonic()
+        try:
+            ok = c.get(f"http://127.0.0.1:{sys.argv[1]}/health").json() == {"status": "ok"}
+        except httpx2.HTTPError as e:
+            ok = False
+            failures.append(repr(e))
+        slowest = max(slowest, time.monotonic() - start if ok else float("inf"))
+        if not started:
+            print("polling", flush=True)
+            started = True
+        time.sleep(0.05)
+print(json.dumps({"slowest": slowest, "failures": failures[:3]}))
+"""
+
+
 class Watch:
-    """Polls /health in the background: the slowest answer, and any failure."""
+    """Polls /health from a process of its own (the test's 200 client threads would otherwise hold
+    a poller in this process off the GIL for a second and more on two cores): the slowest answer,
+    and any failure."""
 
     def __init__(self, port: int):
-        self.health_s, self.failures, self.done = 0.0, [], threading.Event()
-        self.thread = threading.Thread(target=self._health, args=(port,))
-        self.thread.start()
-
-    def _health(self, port: int):
-        with httpx2.Client(trust_env=False, timeout=10) as c:
-            while not self.done.is_set():
-                start = time.monotonic()
-                try:
-                    ok = c.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
-                except httpx2.HTTPError as e:
-                    ok = False
-                    self.failures.append(repr(e))
-                self.health_s = max(self.health_s, time.monotonic() - start if ok else float("inf"))
-                time.sleep(0.05)
+        self.proc = subprocess.Popen([sys.executable, "-c", WATCH, str(port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline() == "polling\n"  # the load starts once the watch has
 
     def stop(self):
-        self.done.set()
-        self.thread.join()
+        out, _ = self.proc.communicate("stop\n", timeout=60)
+        found = json.loads(out)
+        self.health_s, self.failures = found["slowest"], found["failures"]
 
 
 def refused(call) -> tuple[int, dict]:
