@@ -22,6 +22,7 @@ from blake3 import blake3
 
 from conftest import NO_NETWORK, Run, doit, snapshot
 from test_remote import pointers, s3_env
+from stages.engine import keys
 from stages.engine.store import hash_file, merkle
 
 ENTRY_CAP = 4 << 20  # stages/engine/remote.py's ENTRY_CAP: a longer entry is refused unread
@@ -292,3 +293,89 @@ def test_an_entry_pushed_without_sizes_is_refused_until_pushed_again(victim, rem
     again = doit(published[0], "push:tiny", "--remote", remote.url, env=remote.env)
     assert again.rc == 0, again.out[-3000:]
     assert remote.entry("plan", key) == entry
+
+
+def test_run_measurements_that_readers_cannot_format_are_refused(victim, remote):
+    """The sidecar's run (no hash covers it) is what show and the report format: seconds that are not a
+    number crashed `doit show` after a fetch, and an entry without run failed the report's key."""
+    key, entry = plan_entry(victim, remote)
+    remote.put_entry("plan", key, dict(entry, sidecar=dict(entry["sidecar"], run={"seconds": "soon"})))
+    assert_refused(victim, remote, "its run-time measurements has seconds 'soon', not a number of seconds")
+
+
+def test_an_entry_without_run_measurements_is_refused(victim, remote):
+    key, entry = plan_entry(victim, remote)
+    remote.put_entry("plan", key, dict(entry, sidecar={k: v for k, v in entry["sidecar"].items() if k != "run"}))
+    assert_refused(victim, remote, "its sidecar is not an object of inputs, run, files and a digest")
+
+
+def forged_base(remote: Remote, n: int, also: list) -> str:
+    """A self-consistent base entry with no files (inputs {"n": n} hashed to its key), naming `also`:
+    what an attacker can write without any real artifact. Returns its key."""
+    inputs = {"n": n}
+    key = keys.key_of(inputs)
+    remote.put_entry("base", key, {"stage": "base", "key": key, "log": None, "sizes": {}, "also": also,
+                                   "sidecar": {"inputs": inputs, "run": {}, "files": {}, "digest": merkle({})}})
+    return key
+
+
+def test_only_a_manifests_entry_names_entries_to_install_with_it(victim, remote):
+    base = forged_base(remote, 1, [])
+    key, entry = plan_entry(victim, remote)
+    remote.put_entry("plan", key, dict(entry, also=[["base", base]]))
+    assert_refused(victim, remote, "it names entries to install with it, which only a manifest's entry does")
+
+
+@pytest.mark.parametrize("attack", ["not-named-by-its-manifest", "a-chain", "missing"])
+def test_a_manifests_also_installs_only_what_its_manifest_names_and_nothing_on_refusal(victim, remote, published,
+                                                                                      attack):
+    """A manifest's entry names, in `also`, upstream entries its manifest.json names under earlier keys.
+    Naming anything else (a chain of forged entries each naming the next recursed until a
+    RecursionError, installing hundreds first), or an entry the remote lacks, fails the pull in one line
+    before anything of the manifest or of what it names is installed."""
+    plan = pointers(victim)["plan"]["key"]
+    for made in (published[0] / "artifacts" / "store" / "plan").glob(f"{plan}*"):  # only the manifest to pull
+        (shutil.copytree if made.is_dir() else shutil.copy2)(made, victim / "artifacts" / "store" / "plan" / made.name)
+    without(victim, "manifest")
+    manifest_key = pointers(victim)["manifest"]["key"]
+    if attack == "a-chain":
+        forged = forged_base(remote, 0, [])
+        for n in range(1, 4):
+            forged = forged_base(remote, n, [["base", forged]])
+        why = "it names entries to install with it, which only a manifest's entry does"
+    elif attack == "missing":
+        forged, why = "f" * 32, "which the remote lacks"
+    else:
+        forged, why = forged_base(remote, 0, []), "which its manifest.json does not name"
+    remote.put_entry("manifest", manifest_key, dict(remote.entry("manifest", manifest_key), also=[["base", forged]]))
+    store, around = snapshot(victim), beside(victim)
+    run = attacked(victim, "pull:tiny", "--remote", remote.url, env=remote.env)
+    assert run.rc != 0 and "Traceback" not in run.out and why in run.out, run.out[-3000:]
+    lines = [line for line in run.out.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "/ac/" in lines[0], run.out[-3000:]
+    objects = victim / "artifacts" / "store"
+    assert not (objects / "manifest" / manifest_key).exists() and not (objects / "base" / forged).exists()
+    assert snapshot(victim) == store and beside(victim) == around
+
+
+def test_an_entry_swapped_for_a_fifo_after_the_look_is_refused_not_waited_on(tmp_path, monkeypatch):
+    """A directory remote's entry checked by name, then opened by name, could be swapped for a FIFO in
+    between: the open then waited for a writer forever (a build hung). The entry is opened first,
+    without blocking, and checked on its handle: here the filesystem's look says a file (as it would
+    before the swap) and the path is a FIFO."""
+    import threading
+
+    from stages.engine.remote import Rejected, Remote as Cache
+
+    cache = Cache(str(tmp_path / "remote"))
+    path = tmp_path / "remote" / "ac" / "plan" / f"{'0' * 32}.json"
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    monkeypatch.setattr(cache.fs, "info", lambda p, **kw: {"type": "file", "size": 100, "name": p})
+    outcome = []
+    reader = threading.Thread(target=lambda: outcome.append(pytest.raises(Rejected, cache.read_entry, "plan", "0" * 32)),
+                              daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "read_entry waited on the FIFO"
+    assert outcome and "not a file of at most" in str(outcome[0].value)

@@ -6,17 +6,21 @@ A push killed halfway leaves blobs no entry names yet, which the next push reuse
 
 The remote is untrusted input (DESIGN.md, trust model): whoever can write it can recompute every
 hash, so an entry is read within a cap and checked for shape before any blob is fetched or anything
-written: its stage and key those of its path, `also` naming stages of the stage table, keys and
-digests of their exact hex form, each file path relative and inside its object, sizes declared and
-under a cap, then enforced while downloading. It is installed only if its inputs hash to its key
-and every byte matches its digest.
+written: its stage and key those of its path, `also` (a manifest's entry only, one level deep, and
+only what its manifest.json names) naming stages of the stage table, keys and digests of their exact
+hex form, each file path relative and inside its object, sizes declared and under a cap, then
+enforced while downloading, its run-time measurements of the shape their readers format. It is
+installed only if its inputs hash to its key and every byte matches its digest.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
+import stat
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -44,8 +48,10 @@ ENTRY_CAP = 4 << 20
 # not ask for more disk than any real artifact does.
 FILE_CAP = 1 << 40
 ENTRY_FIELDS = {"stage", "key", "sidecar", "sizes", "log", "also"}
-SIDECAR_FIELDS = {"inputs", "run", "files", "digest"}  # "run" (measurements) is optional
+SIDECAR_FIELDS = {"inputs", "run", "files", "digest"}
 NAMED = "a stage of the stage table with a key of 32 lowercase hex characters"
+# Filesystems where a path can be a FIFO or a device: a file there is opened, then checked on its handle.
+LOCAL = {"file", "local"}
 
 
 class Rejected(UserError):
@@ -61,6 +67,22 @@ def quoted(value) -> str:
 
 def is_size(value) -> bool:
     return type(value) is int and 0 <= value <= FILE_CAP
+
+
+def run_problem(run) -> str | None:
+    """What is wrong with a sidecar's run-time measurements, which no hash covers, for the readers
+    that format them (show and the report: the seconds a stage took, the probe's measurement rows);
+    None when they have the shape a build writes."""
+    if not isinstance(run, dict):
+        return "is not an object"
+    seconds = run.get("seconds")
+    if seconds is not None and not (type(seconds) in (int, float) and math.isfinite(seconds) and seconds >= 0):
+        return f"has seconds {quoted(seconds)}, not a number of seconds"
+    probe = run.get("probe")
+    if probe is not None and not (isinstance(probe, dict) and isinstance(probe.get("measurements", []), list)
+                                  and all(isinstance(m, dict) for m in probe.get("measurements", []))):
+        return "has a probe that is not an object with a list of measurement rows"
+    return None
 
 
 def checked(data: bytes, stage: str, key: str, stages, where: str) -> dict:
@@ -86,10 +108,11 @@ def checked(data: bytes, stage: str, key: str, stages, where: str) -> dict:
     if entry["stage"] != stage or entry["key"] != key:
         raise refuse(f"it says it is the entry of {quoted(entry['stage'])} {quoted(entry['key'])}")
     meta, sizes, log, also = entry["sidecar"], entry["sizes"], entry["log"], entry["also"]
-    if not (isinstance(meta, dict) and SIDECAR_FIELDS - {"run"} <= set(meta) <= SIDECAR_FIELDS
-            and isinstance(meta["inputs"], dict) and isinstance(meta.get("run", {}), dict)
+    if not (isinstance(meta, dict) and set(meta) == SIDECAR_FIELDS and isinstance(meta["inputs"], dict)
             and isinstance(meta["files"], dict) and is_digest(meta["digest"])):
-        raise refuse("its sidecar is not an object of inputs, files, a digest (and run)")
+        raise refuse("its sidecar is not an object of inputs, run, files and a digest")
+    if problem := run_problem(meta["run"]):
+        raise refuse(f"its run-time measurements {problem}")
     files = meta["files"]
     for rel, digest in files.items():
         if problem := path_problem(rel):
@@ -111,6 +134,10 @@ def checked(data: bytes, stage: str, key: str, stages, where: str) -> dict:
     for other_stage, other_key in also:
         if not named(other_stage, other_key, stages):
             raise refuse(f"it names {quoted(other_stage)} {quoted(other_key)}, not {NAMED}")
+    if also and stage != "manifest":
+        raise refuse("it names entries to install with it, which only a manifest's entry does")
+    if len({other_stage for other_stage, _ in also}) != len(also):
+        raise refuse("its also names a stage twice (a manifest names one entry a stage)")
     try:
         inputs_key = keys.key_of(meta["inputs"])
     except ValueError:  # a string JSON holds but UTF-8 cannot (an unpaired surrogate)
@@ -127,8 +154,9 @@ class Remote:
             self.fs, self.root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError) as e:
             raise UserError(f"remote {url}: cannot open it ({e}); give a directory or s3://bucket/prefix") from None
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        self.whole_or_nothing = bool(WHOLE_OR_NOTHING & set(protocols))
+        protocols = set(self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.whole_or_nothing = bool(WHOLE_OR_NOTHING & protocols)
+        self.local = bool(LOCAL & protocols)
 
     def entry_path(self, stage: str, key: str) -> str:
         return f"{self.root}/ac/{stage}/{key}.json"
@@ -140,19 +168,40 @@ class Remote:
     def blob_path(self, digest: str) -> str:
         return f"{self.root}/cas/{digest[:2]}/{digest}"
 
+    def opened(self, path: str):
+        """(what path is, its size, the file opened for reading or None where it is not a regular
+        file). On a local filesystem the path is opened first, without blocking (a FIFO opens at
+        once), and checked on the open handle: a file swapped for a FIFO or a link to a device
+        between a look and an open is refused, never read or waited on. FileNotFoundError where
+        there is nothing."""
+        if self.local:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                return "directory" if stat.S_ISDIR(st.st_mode) else "non-file", st.st_size, None
+            os.set_blocking(fd, True)
+            return "file", st.st_size, os.fdopen(fd, "rb")
+        info = self.fs.info(path)
+        if info.get("type") != "file":
+            return info.get("type"), info.get("size"), None
+        return "file", info.get("size"), self.fs.open(path, "rb")
+
     def read_entry(self, stage: str, key: str) -> bytes | None:
         """The entry's bytes, or None where the remote has none. A non-file (a link to /dev/zero, a
         FIFO) or one above ENTRY_CAP is refused unread, and no more than ENTRY_CAP + 1 bytes are read
         in any case (a file can grow, or change, between the look and the read)."""
         path, where = self.entry_path(stage, key), self.where(stage, key)
         try:
-            info = self.fs.info(path)
+            kind, size, f = self.opened(path)
         except FileNotFoundError:
             return None
-        if info.get("type") != "file" or (info.get("size") or 0) > ENTRY_CAP:
-            raise Rejected(f"{where}: not a file of at most {ENTRY_CAP >> 20} MiB ({info.get('type')}, "
-                           f"{info.get('size')} bytes); not installed: push it again from a store that has it")
-        with self.fs.open(path, "rb") as f:
+        if f is None or (size or 0) > ENTRY_CAP:
+            if f is not None:
+                f.close()
+            raise Rejected(f"{where}: not a file of at most {ENTRY_CAP >> 20} MiB ({kind}, {size} bytes); not "
+                           f"installed: push it again from a store that has it")
+        with f:
             data = f.read(ENTRY_CAP + 1)
         if len(data) > ENTRY_CAP:
             raise Rejected(f"{where}: longer than {ENTRY_CAP >> 20} MiB; not installed: push it again from a "
@@ -186,10 +235,14 @@ class Remote:
 
     def holds(self, path: str, data: bytes) -> bool:
         """Whether path is a file of exactly these bytes (read no further than their length)."""
-        if self.file_size(path) != len(data):
+        try:
+            _, size, f = self.opened(path)
+        except FileNotFoundError:
             return False
-        with self.fs.open(path, "rb") as f:
-            return f.read(len(data)) == data
+        if f is None:
+            return False
+        with f:
+            return size == len(data) and f.read(len(data)) == data
 
     def push(self, store: Store, stage: str, key: str, also: list[tuple[str, str]] = ()) -> tuple[int, int]:
         """Upload a local entry's files the remote lacks (or holds at another size: a truncated or
@@ -226,15 +279,17 @@ class Remote:
         bytes, whatever the remote says its size is (a link to /dev/zero says 0)."""
         path, h, got = self.blob_path(digest), blake3.blake3(), 0
         try:
-            info = self.fs.info(path)
+            kind, found, src = self.opened(path)
         except FileNotFoundError:
             raise Rejected(f"{what}: its content {digest[:12]} is missing from the remote {self.url}; "
                            f"not installed: push it again from a store that has it") from None
-        if info.get("type") != "file" or info.get("size") != size:
+        if src is None or found != size:
+            if src is not None:
+                src.close()
             raise Rejected(f"{what}: its content {digest[:12]} in the remote {self.url} is not a file of the {size} "
-                           f"bytes declared (a {info.get('type')} of {info.get('size')} bytes); not installed: "
+                           f"bytes declared (a {kind} of {found} bytes); not installed: "
                            f"push it again from a store that has it intact")
-        with self.fs.open(path, "rb") as src, open(dest, "wb") as out:
+        with src, open(dest, "wb") as out:
             while chunk := src.read(min(CHUNK, size + 1 - got)):
                 got += len(chunk)
                 if got > size:
@@ -250,17 +305,59 @@ class Remote:
     def fetch(self, store: Store, stage: str, key: str, stages, waiting=lambda: None) -> bool:
         """Install the remote's entry for (stage, key) into the store, its shape checked before any blob
         is fetched (`stages`: the stage table's names, the only ones its `also` may name) and its bytes
-        checked before it is committed; False where the remote has none. Under the store's build lock,
-        so a build of the same key elsewhere waits for it (or it for the build)."""
+        checked before it is committed; False where the remote has none. A manifest's entry names the
+        entries to install with it (`also`: upstreams its manifest names under earlier keys, which early
+        cutoff kept): each is read and checked, and must be named by the manifest's own manifest.json,
+        before anything is installed; they are installed first, the manifest last, and none of them
+        names others in turn. Each under the store's build lock of its key, so a build of the same key
+        elsewhere waits for it (or it for the build)."""
         where = self.where(stage, key)
         data = self.read_entry(stage, key)
         if data is None:
             return False
         entry = checked(data, stage, key, stages, where)
+        others = [(other_stage, other_key, self.named_entry(other_stage, other_key, stages, where))
+                  for other_stage, other_key in entry["also"]]
+        if others:
+            self.check_named_by_manifest(entry, where)
+        for other_stage, other_key, other in others:
+            self.install(store, other_stage, other_key, other, self.where(other_stage, other_key), waiting)
+        self.install(store, stage, key, entry, where, waiting)
+        return True
+
+    def named_entry(self, stage: str, key: str, stages, where: str) -> dict:
+        """The entry a manifest's entry (at `where`) names to install with it, read and checked."""
+        data = self.read_entry(stage, key)
+        if data is None:
+            raise Rejected(f"{where}: names {stage} {key[:12]}, which the remote lacks; not installed: push it "
+                           f"again from the store that built it")
+        return checked(data, stage, key, stages, self.where(stage, key))
+
+    def check_named_by_manifest(self, entry: dict, where: str) -> None:
+        """Rejected unless every entry `also` names is one the entry's manifest.json names (its bytes
+        checked against their digest first)."""
+        refuse = "not installed: push it again from a store that has it intact"
+        files, sizes = entry["sidecar"]["files"], entry["sizes"]
+        if "manifest.json" not in files:
+            raise Rejected(f"{where}: it names entries to install with it but holds no manifest.json; {refuse}")
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "manifest.json"
+            self._download(files["manifest.json"], sizes["manifest.json"], local, f"{where}: manifest.json")
+            try:
+                named = {(name, art["key"]) for name, art in jsontext.read(local)["artifacts"].items()}
+            except (ValueError, TypeError, KeyError, AttributeError):
+                raise Rejected(f"{where}: its manifest.json is not a manifest; {refuse}") from None
+        for other_stage, other_key in entry["also"]:
+            if (other_stage, other_key) not in named:
+                raise Rejected(f"{where}: it names {other_stage} {other_key[:12]} to install with it, which its "
+                               f"manifest.json does not name; {refuse}")
+
+    def install(self, store: Store, stage: str, key: str, entry: dict, where: str, waiting) -> None:
+        """A checked entry's files downloaded, each checked against its digest and size, then committed."""
         meta = entry["sidecar"]
         with store.building(stage, key, waiting):
             if not store.damage(stage, key):
-                return True  # installed meanwhile, by another pull or a build
+                return  # installed meanwhile, by another pull or a build
             tmp = store.temp_dir(stage, key)
             log = tmp.with_suffix(".log")
             try:
@@ -275,11 +372,6 @@ class Remote:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
                 log.unlink(missing_ok=True)
-        for other_stage, other_key in entry["also"]:
-            if not self.fetch(store, other_stage, other_key, stages, waiting):
-                raise Rejected(f"{where}: names {other_stage} {other_key[:12]}, which the remote lacks: "
-                               f"push it again from the store that built it")
-        return True
 
 
 @functools.lru_cache(maxsize=None)
