@@ -14,6 +14,8 @@ import pytest
 
 from conftest import NO_NETWORK, doit, snapshot
 from test_pipeline import artifact, one_error_line
+from stages.engine import recipe
+from stages.engine.errors import UserError
 
 
 @pytest.mark.parametrize("name", ["bad:colon", "..", "a b", ".hidden"])
@@ -47,7 +49,26 @@ HOSTILE_YAML = {
     "laughs": (billion_laughs(), "recipes/laughs.yaml:5: the YAML expands to more than 100,000 values"),
     "deep": ("model: " + "[" * 10_000 + "]" * 10_000 + "\n", "recipes/deep.yaml:1: the YAML is nested more than 32 levels"),
     "huge": ("# " + "x" * (2 << 20) + "\n", "recipes/huge.yaml: over 1 MiB; a recipe is a page of settings"),
+    # an alias inside the node it names: a cyclic object the size bound counted as one value
+    "recursive": ("model:\n  config: &a\n    hidden_size: 64\n    again: *a\ndata:\n  sources: []\n",
+                  "recipes/recursive.yaml:4: *a repeats a node inside itself"),
+    # plain values PyYAML reads as a date or a number, then cannot build
+    "date": ("model:\n  config: {}\ndata:\n  sources: []\n  when: 2001-02-30\n",
+             "recipes/date.yaml:5: YAML reads a value as a date or number that cannot be one (day is out of range"),
 }
+
+
+@pytest.mark.parametrize("value, error", [
+    ("9" * 5000, "Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits)"),
+    ("2001-12-14t21:59:43.10+99:00", "(offset must be a timedelta"),
+])
+def test_a_value_yaml_cannot_build_is_one_line_naming_its_line(tmp_path, value, error):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"model:\n  config: {{}}\ndata:\n  sources:\n    - path: a.jsonl\n      when: [1, {value}]\n")
+    with pytest.raises(UserError) as e:
+        recipe.load(path)
+    assert str(e.value).startswith(f"{path}:6: YAML reads a value as a date or number that cannot be one ")
+    assert error in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_YAML))

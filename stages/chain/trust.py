@@ -55,6 +55,9 @@ def read(root: Path) -> list[dict]:
     except yaml.YAMLError as e:
         line = f":{e.problem_mark.line + 1}" if getattr(e, "problem_mark", None) else ""
         raise UserError(f"{FILE}{line}: not valid YAML; fix it") from None
+    except ValueError as e:  # a plain value read as a date or number that cannot be one
+        raise UserError(f"{FILE}: a value YAML reads as a date or number cannot be one ({str(e).split(';')[0]}); "
+                        f"fix it") from None
     entries = found.get("registries") if isinstance(found, dict) and set(found) == {"registries"} else None
     if not isinstance(entries, list):
         raise UserError(f"{FILE}: give one key, registries: a list of entries with chain_id, registry and submitters")

@@ -366,12 +366,37 @@ def bounded(path: Path, text: str) -> None:
                     sizes[anchor] = size
                 add(size, 1, event.start_mark)  # its contents are counted already
             elif isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+                if isinstance(event, yaml.AliasEvent) and any(event.anchor == anchor for anchor, _ in open_nodes):
+                    raise UserError(f"{path}:{event.start_mark.line + 1}: *{event.anchor} repeats a node inside "
+                                    f"itself (a recursive alias); write the recipe out plainly")
                 size = sizes.get(event.anchor, 1) if isinstance(event, yaml.AliasEvent) else 1
                 if isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
                     sizes[event.anchor] = 1
                 add(size, size, event.start_mark)
     except yaml.YAMLError:
         return  # the loader below reports it with its line
+
+
+def unbuildable_line(text: str) -> str:
+    """':<line>' of the first plain value that PyYAML's safe loader cannot build (a date of 30
+    February, an integer past Python's 4,300 digits), found node by node; '' where none is."""
+    loader = yaml.SafeLoader(text)
+    try:
+        nodes = [loader.get_single_node()]
+        while nodes:  # bounded() has refused recursive aliases, so this walk ends
+            node = nodes.pop()
+            if isinstance(node, yaml.ScalarNode):
+                try:
+                    loader.construct_object(node)
+                except ValueError:
+                    return f":{node.start_mark.line + 1}"
+            elif isinstance(node, yaml.SequenceNode):
+                nodes += reversed(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                nodes += reversed([n for pair in node.value for n in pair])
+    finally:
+        loader.dispose()
+    return ""
 
 
 def load(path: str | Path) -> Recipe:
@@ -397,6 +422,9 @@ def load(path: str | Path) -> Recipe:
         where = f":{mark.line + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise UserError(f"{path}{where}: YAML syntax error: {problem}") from None
+    except ValueError as e:  # a plain value YAML reads as a date or number that cannot be one: 2001-02-30
+        raise UserError(f"{path}{unbuildable_line(text)}: YAML reads a value as a date or number that cannot be "
+                        f"one ({str(e).split(';')[0]}); quote it if it is text") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a recipe is a YAML mapping with model: and data: sections")
     try:
