@@ -154,6 +154,52 @@ def test_skip_counts_every_dropped_row(tmp_path):
     assert rows_in["t.jsonl"] == len(got) + sum(dropped.values())
 
 
+HOSTILE_ROWS = {  # one row each that used to stop the whole build with a traceback, even under on_error: skip
+    "deep": ("[" * 100_000 + "]" * 100_000, "malformed_json", "nested deeper than 64 levels"),
+    "long-integer": ('{"messages": [], "id": ' + "9" * 5000 + "}", "malformed_json", "Exceeds the limit"),
+    "role-a-list": ('{"messages": [{"role": ["user"], "content": "q"}]}', "unknown_role", "unknown role ['user']"),
+    "sharegpt-from-a-dict": ('{"conversations": [{"from": {"a": 1}, "value": "q"}]}', "unknown_role", "unknown role"),
+    "lone-surrogate": ('{"messages": [{"role": "user", "content": "\\ud800"}, {"role": "assistant", "content": "a"}]}',
+                       "malformed_json", "a lone UTF-16 surrogate escape"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_ROWS))
+def test_a_hostile_row_is_counted_by_reason_or_named_by_line(tmp_path, name):
+    line, reason, message = HOSTILE_ROWS[name]
+    body = jsonl(CHAT) + line + "\n" + jsonl(CHAT)
+    got, dropped, _ = read(tmp_path, {"t.jsonl": body}, on_error="skip")
+    assert len(got) == 2 and dropped == {reason: 1}
+    with pytest.raises(UserError) as e:
+        read(tmp_path, {"t.jsonl": body})
+    assert str(e.value).startswith("t.jsonl:2: ") and message in str(e.value), str(e.value)[:300]
+
+
+def test_a_paired_surrogate_escape_is_text(tmp_path):
+    got, dropped, _ = read(tmp_path, {"t.jsonl": '{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}, '
+                                                 '{"role": "assistant", "content": "a"}]}\n'}, on_error="skip")
+    assert not dropped and got[0]["messages"][0]["content"] == "\U0001f600"
+
+
+@pytest.mark.parametrize("name, body, message", [
+    ("t.csv", b"prompt,answer\nhi,there\ncaf\xe9,ok\n", "t.csv: cannot read it as csv ('utf-8' codec can't decode"),
+    ("t.csv", b"prompt,answer\nhi,there\na,b,c\n", "t.csv: cannot read it as csv (Error tokenizing data"),
+    ("t.json", b'[{"prompt": "a", "answer": "\xe9"}]', "t.json: not UTF-8"),
+    ("t.json", b"[" * 100 + b"]" * 100, "t.json: nested deeper than 64 levels"),
+    ("t.json", b'[{"prompt": "a", "answer": "b", "id": ' + b"9" * 5000 + b"}]", "t.json: malformed JSON (Exceeds"),
+])
+def test_a_json_or_csv_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, name, body, message):
+    with pytest.raises(UserError) as e:
+        read(tmp_path, {name: body}, kind=prompt, on_error="skip")
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)[:300]
+
+
+def test_a_lone_surrogate_in_a_json_file_is_a_counted_row(tmp_path):
+    got, dropped, _ = read(tmp_path, {"t.json": '[{"prompt": "a", "answer": "\\udfff"}, {"prompt": "b", "answer": "c"}]'},
+                           kind=prompt, on_error="skip")
+    assert len(got) == 1 and dropped == {"malformed_json": 1}
+
+
 @needs_shared
 def test_real_datasets_convert_without_loss():
     """ShareGPT conversations, GSM8K problems and HH-RLHF transcripts (gzip) from ../shared."""

@@ -9,12 +9,46 @@ import csv
 import gzip
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from stages.data.rows import BadRow
+from stages.engine import jsontext
 from stages.engine.errors import UserError
+
+# A data row nests a few levels (a chat's messages, a tool call's arguments); json's parser recurses
+# once a level, so a row nested deeper than this is refused before it is parsed (jsontext says why).
+ROW_DEPTH = 64
+# A JSON escape of half a UTF-16 surrogate pair: paired, json joins the two into one character; alone,
+# it decodes to a str no encoder takes (the tokenizer fails on it).
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+LONE_SURROGATE = "a lone UTF-16 surrogate escape (such as \\ud800), which is not text"
+
+
+def parsed_row(text: str) -> dict | BadRow:
+    """json.loads of one row's text, or the BadRow (malformed_json) it is: not JSON, nested deeper
+    than ROW_DEPTH, an integer longer than Python reads, or holding a lone surrogate escape."""
+    try:
+        if text.count("[") + text.count("{") > ROW_DEPTH and jsontext.deeper_than(text, ROW_DEPTH):
+            return BadRow("malformed_json", f"nested deeper than {ROW_DEPTH} levels")
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        return BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
+    except ValueError as e:  # an integer of more digits than Python converts
+        return BadRow("malformed_json", f"malformed JSON ({str(e).split(':')[0]})")
+    if SURROGATE_ESCAPE.search(text) and lone_surrogate(row):
+        return BadRow("malformed_json", LONE_SURROGATE)
+    return row
+
+
+def lone_surrogate(value) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def file_format(path: str) -> str:
@@ -111,10 +145,7 @@ def jsonl_rows(block: bytes, limit: int) -> Iterator[tuple[bytes, dict | BadRow]
         if not text.strip():
             yield line, BadRow("blank_line", "blank line")
             continue
-        try:
-            yield line, json.loads(text)
-        except json.JSONDecodeError as e:
-            yield line, BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
+        yield line, parsed_row(text)
 
 
 def oversized(length: int) -> BadRow:
@@ -126,29 +157,47 @@ def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | B
     (JSON Lines are read in blocks by the workers: jsonl_blocks, jsonl_rows.)"""
     opener = gzip.open if path.name.endswith(".gz") else open
     if fmt == "json":
-        with opener(path, "rt", encoding="utf-8-sig") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{label}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
-                                f"fix the file") from None
+        try:
+            with opener(path, "rt", encoding="utf-8-sig") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{label}: not UTF-8 ({e.reason} at byte {e.start + 1}); save the file as UTF-8") from None
+        try:
+            if jsontext.deeper_than(text, ROW_DEPTH + 2):  # the list, {"data": ...} and the rows
+                raise UserError(f"{label}: nested deeper than {ROW_DEPTH} levels in a row; fix the file")
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{label}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
+                            f"fix the file") from None
+        except ValueError as e:  # an integer of more digits than Python converts
+            raise UserError(f"{label}: malformed JSON ({str(e).split(':')[0]}); fix the file") from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
             raise UserError(f"{label}: a .json source is a list of rows (or {{\"data\": [...]}})")
+        surrogates = bool(SURROGATE_ESCAPE.search(text))
         for i, row in enumerate(data, 1):
+            if surrogates and lone_surrogate(row):
+                row = BadRow("malformed_json", LONE_SURROGATE)
             yield f"{label}:row {i}", row
     else:
         from datasets import load_dataset
+        from pandas.errors import EmptyDataError
 
         kwargs = {}
-        if fmt == "csv":  # every cell is text as written: "4.50" stays "4.50", an empty cell ""
-            with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
-                columns = next(csv.reader(f), [])
-            kwargs = {"converters": {c: str for c in columns}, "keep_default_na": False}
-        ds = load_dataset(fmt, data_files=str(path), split="train", streaming=True, **kwargs)
-        for i, row in enumerate(ds, 1):
-            yield f"{label}:row {i}", row
+        try:
+            if fmt == "csv":  # every cell is text as written: "4.50" stays "4.50", an empty cell ""
+                with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+                    columns = next(csv.reader(f), [])
+                kwargs = {"converters": {c: str for c in columns}, "keep_default_na": False}
+            ds = load_dataset(fmt, data_files=str(path), split="train", streaming=True, **kwargs)
+            for i, row in enumerate(ds, 1):
+                yield f"{label}:row {i}", row
+        except EmptyDataError:  # not even a header: no rows, which the shards stage names
+            return
+        except ValueError as e:  # bytes that are not UTF-8, a row of more fields than the header, ...
+            raise UserError(f"{label}: cannot read it as {fmt} ({' '.join(str(e).split())[:200]}); fix the "
+                            f"file") from None
 
 
 def read_hub(hub: str, revision: str, subset: str | None, split: str) -> Iterator[tuple[str, dict]]:

@@ -70,7 +70,7 @@ def message(m) -> dict:
         raise BadRow("invalid_message", "a message is an object with role and content")
     role = m.get("role", m.get("from"))
     content = m.get("content", m.get("value"))
-    if role not in SHAREGPT_ROLES:
+    if not isinstance(role, str) or role not in SHAREGPT_ROLES:  # (a list is no role, nor a dict key)
         raise BadRow("unknown_role", f"unknown role {role!r} (use one of {sorted(ROLES)})")
     if not isinstance(content, str):
         raise BadRow("missing_field", "a message without string content")
