@@ -23,6 +23,7 @@ from test_serve import Server, client, heldout
 
 RSS_BOUND = 1 << 30  # the server's peak (VmHWM), model loaded, through the attacks: under 1 GiB (0.45 GiB idle)
 HEALTH_BOUND_S = 1.0
+PAD = [[]] * 230_000  # about 0.9 MB of JSON: under tiny's body cap (1 MiB and the prompt's)
 LONG = [{"role": "user", "content": "1 2 3 4 5 6 7 8 9 " * 20}]  # tiny answers this to its last token
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -165,9 +166,11 @@ def attacks(s: Server) -> dict:
     def stated():
         return over_socket(port, head(port, "Content-Length: 10000000000\r\n"))[:2]
 
-    def nested():
-        body = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-        return over_socket(port, head(port, f"Content-Length: {len(body)}\r\n"), [body])[:2]
+    def raw(body: bytes):
+        return lambda: over_socket(port, head(port, f"Content-Length: {len(body)}\r\n"), [body])[:2]
+
+    nested = raw(b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    hi_json = json.dumps(hi).encode()
 
     def say(content):
         return lambda: chat(messages=[{"role": "user", "content": content}])
@@ -193,6 +196,12 @@ def attacks(s: Server) -> dict:
         "a chunked 20 MiB body": (chunked, *too_large),
         "a stated 10 GB body, never sent": (stated, *too_large),
         "JSON nested 100,000 deep": (nested, 400, None, None),
+        # JSON that is not text: a lone UTF-16 surrogate (was a 500 in plain text, from the tokenizer, or
+        # from rendering the 404 that names the model)
+        "a lone surrogate in the content": (raw(b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}'
+                                                % model.encode()),
+                                            400, None, None),
+        "a lone surrogate as the model": (raw(b'{"model": "\\udfff", "messages": ' + hi_json + b"}"), 400, None, None),
     }
 
 
@@ -261,22 +270,25 @@ def test_past_the_in_flight_limit_a_request_is_429_at_once(server):
 
 
 def test_attacks_under_load_are_refused_while_serving_goes_on(server, built):
-    """Each attack at once, a second into 200 ordinary concurrent requests: every attack gets its
-    OpenAI-shaped 4xx, every ordinary request the answer it gets alone, /health answers within
-    HEALTH_BOUND_S throughout and the server's peak RSS stays under RSS_BOUND."""
+    """Each attack at once, a second into 200 ordinary concurrent requests (one in five padded near
+    the body cap): every attack gets its OpenAI-shaped 4xx, every ordinary request the answer it gets
+    alone, /health answers within HEALTH_BOUND_S throughout and the server's peak RSS stays under
+    RSS_BOUND."""
     model, normal = server.models[0].id, client(server.port)
     prompts = [d["messages"] for d in heldout(built)[:8]]
 
-    def ask(i: int):
+    def ask(i: int, padded: bool = False):
+        # padded: the body near its cap with a field the server ignores, which json.loads held 29 times over
+        # for the whole generation (40 at once took the server past RSS_BOUND)
         reply = normal.chat.completions.create(model=model, messages=prompts[i % 8], temperature=0, max_tokens=4,
-                                               stream=i % 4 == 3)
+                                               stream=i % 4 == 3, extra_body={"padding": PAD} if padded else None)
         if isinstance(reply, openai.Stream):
             return "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
         return reply.choices[0].message.content
 
     def answer(i: int):
         try:
-            return ask(i)
+            return ask(i, padded=i % 5 == 4)
         except openai.OpenAIError as e:
             return repr(e)
 
@@ -302,6 +314,16 @@ def test_attacks_under_load_are_refused_while_serving_goes_on(server, built):
     assert rss < RSS_BOUND, f"peak RSS {rss / 2**20:.0f} MiB"
     after = normal.chat.completions.create(model=model, messages=prompts[0], temperature=0, max_tokens=4)
     assert after.choices[0].message.content == alone[0] and server.proc.poll() is None
+
+
+def test_an_empty_stop_string_stops_nothing(server):
+    """stop: "" ended every answer at once, where stop: [""] was left out; both are no stop now."""
+    model, c = server.models[0].id, server.client
+    hi = [{"role": "user", "content": "What is 2 + 2?"}]
+    plain, *empty = [c.chat.completions.create(model=model, messages=hi, temperature=0, max_tokens=8, **stop)
+                     for stop in ({}, {"stop": ""}, {"stop": [""]})]
+    assert plain.choices[0].message.content
+    assert all(e.choices[0].message.content == plain.choices[0].message.content for e in empty)
 
 
 def test_a_generation_past_the_time_limit_is_cut_short(limited):
