@@ -187,11 +187,21 @@ def test_a_paired_surrogate_escape_is_text(tmp_path):
     ("t.json", b'[{"prompt": "a", "answer": "\xe9"}]', "t.json: not UTF-8"),
     ("t.json", b"[" * 100 + b"]" * 100, "t.json: nested deeper than 64 levels"),
     ("t.json", b'[{"prompt": "a", "answer": "b", "id": ' + b"9" * 5000 + b"}]", "t.json: malformed JSON (Exceeds"),
+    ("t.json.gz", gzip.compress(b'[{"prompt": "a", "answer": "b"}]')[:20], "t.json.gz: cannot read it ("),
+    ("t.csv.gz", b"not gzip at all", "t.csv.gz: cannot read it as csv ("),
 ])
 def test_a_json_or_csv_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, name, body, message):
     with pytest.raises(UserError) as e:
         read(tmp_path, {name: body}, kind=prompt, on_error="skip")
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)[:300]
+
+
+def test_a_bad_row_pickles_whole():
+    """A .json source's bad rows go to the shards stage's worker processes as jobs, pickled."""
+    import pickle
+
+    row = pickle.loads(pickle.dumps(rows.BadRow("malformed_json", "a lone surrogate")))
+    assert (row.reason, str(row)) == ("malformed_json", "a lone surrogate")
 
 
 def test_a_lone_surrogate_in_a_json_file_is_a_counted_row(tmp_path):

@@ -162,6 +162,8 @@ def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | B
                 text = f.read()
         except UnicodeDecodeError as e:
             raise UserError(f"{label}: not UTF-8 ({e.reason} at byte {e.start + 1}); save the file as UTF-8") from None
+        except (OSError, EOFError) as e:  # a gzip file cut short or not gzip
+            raise UserError(f"{label}: cannot read it ({e or type(e).__name__}); fix the file") from None
         try:
             if jsontext.deeper_than(text, ROW_DEPTH + 2):  # the list, {"data": ...} and the rows
                 raise UserError(f"{label}: nested deeper than {ROW_DEPTH} levels in a row; fix the file")
@@ -195,7 +197,7 @@ def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | B
                 yield f"{label}:row {i}", row
         except EmptyDataError:  # not even a header: no rows, which the shards stage names
             return
-        except ValueError as e:  # bytes that are not UTF-8, a row of more fields than the header, ...
+        except (ValueError, OSError, EOFError) as e:  # not UTF-8, a row of more fields than the header, bad gzip
             raise UserError(f"{label}: cannot read it as {fmt} ({' '.join(str(e).split())[:200]}); fix the "
                             f"file") from None
 

@@ -30,6 +30,9 @@ class BadRow(Exception):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self):  # pickled whole: a worker process gets a source's bad rows as jobs
+        return type(self), (self.reason, str(self))
+
 
 class Refused(Exception):
     """The chat template raised an error for a conversation (a role it does not take, turns
