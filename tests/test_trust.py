@@ -54,21 +54,26 @@ HOSTILE_YAML = {
                   "recipes/recursive.yaml:4: *a repeats a node inside itself"),
     # plain values PyYAML reads as a date or a number, then cannot build
     "date": ("model:\n  config: {}\ndata:\n  sources: []\n  when: 2001-02-30\n",
-             "recipes/date.yaml:5: YAML reads a value as a date or number that cannot be one (day is out of range"),
+             "recipes/date.yaml:5: YAML cannot build a value (a date or number that cannot be one, or a tag that does not fit it: day is out of range"),
 }
 
 
 @pytest.mark.parametrize("value, error", [
     ("9" * 5000, "Exceeds the limit (4300 digits) for integer string conversion: value has 5000 digits)"),
-    ("2001-12-14t21:59:43.10+99:00", "(offset must be a timedelta"),
+    ("2001-12-14t21:59:43.10+99:00", "offset must be a timedelta"),
+    ("!!bool maybe", "maybe"),
+    ("!!timestamp soon", "has no attribute"),
 ])
 def test_a_value_yaml_cannot_build_is_one_line_naming_its_line(tmp_path, value, error):
-    path = tmp_path / "r.yaml"
-    path.write_text(f"model:\n  config: {{}}\ndata:\n  sources:\n    - path: a.jsonl\n      when: [1, {value}]\n")
-    with pytest.raises(UserError) as e:
-        recipe.load(path)
-    assert str(e.value).startswith(f"{path}:6: YAML reads a value as a date or number that cannot be one ")
-    assert error in str(e.value) and "\n" not in str(e.value)
+    plain = f"model:\n  config: {{}}\ndata:\n  sources:\n    - path: a.jsonl\n      when: [1, {value}]\n"
+    merged = "base: &b {x: 1}\n" + plain.replace("  config: {}\n", "  config: {}\n  <<: *b\n")  # a merge key's
+    for text, line in ((plain, 6), (merged, 8)):  # own scalar, before the value, is no value to build
+        path = tmp_path / "r.yaml"
+        path.write_text(text)
+        with pytest.raises(UserError) as e:
+            recipe.load(path)
+        assert str(e.value).startswith(f"{path}:{line}: YAML cannot build a value ("), str(e.value)
+        assert error in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_YAML))

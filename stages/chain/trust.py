@@ -14,6 +14,7 @@ import yaml
 from web3 import Web3
 
 from stages.engine.errors import UserError
+from stages.engine.recipe import UNBUILDABLE
 
 FILE = Path("ops") / "anchor.yaml"
 ENV = "MINDXTRAIN_ANCHOR_SUBMITTERS"
@@ -55,9 +56,8 @@ def read(root: Path) -> list[dict]:
     except yaml.YAMLError as e:
         line = f":{e.problem_mark.line + 1}" if getattr(e, "problem_mark", None) else ""
         raise UserError(f"{FILE}{line}: not valid YAML; fix it") from None
-    except ValueError as e:  # a plain value read as a date or number that cannot be one
-        raise UserError(f"{FILE}: a value YAML reads as a date or number cannot be one ({str(e).split(';')[0]}); "
-                        f"fix it") from None
+    except UNBUILDABLE as e:  # a value YAML cannot build: 2001-02-30, !!bool foo
+        raise UserError(f"{FILE}: YAML cannot build a value ({str(e).split(';')[0]}); fix it") from None
     entries = found.get("registries") if isinstance(found, dict) and set(found) == {"registries"} else None
     if not isinstance(entries, list):
         raise UserError(f"{FILE}: give one key, registries: a list of entries with chain_id, registry and submitters")

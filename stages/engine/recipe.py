@@ -377,9 +377,15 @@ def bounded(path: Path, text: str) -> None:
         return  # the loader below reports it with its line
 
 
+# What PyYAML's safe constructors raise for a value they cannot build: a date of 30 February or an
+# integer past Python's 4,300 digits (ValueError), an explicit tag on a value it does not fit
+# (!!bool foo: KeyError; !!timestamp foo: AttributeError).
+UNBUILDABLE = (ValueError, KeyError, AttributeError, TypeError)
+
+
 def unbuildable_line(text: str) -> str:
-    """':<line>' of the first plain value that PyYAML's safe loader cannot build (a date of 30
-    February, an integer past Python's 4,300 digits), found node by node; '' where none is."""
+    """':<line>' of the first scalar that PyYAML's safe loader cannot build, found node by node;
+    '' where none is found (a merge key's own scalar is not a value, and is passed over)."""
     loader = yaml.SafeLoader(text)
     try:
         nodes = [loader.get_single_node()]
@@ -388,12 +394,16 @@ def unbuildable_line(text: str) -> str:
             if isinstance(node, yaml.ScalarNode):
                 try:
                     loader.construct_object(node)
-                except ValueError:
+                except UNBUILDABLE:
                     return f":{node.start_mark.line + 1}"
+                except yaml.YAMLError:
+                    continue
             elif isinstance(node, yaml.SequenceNode):
                 nodes += reversed(node.value)
             elif isinstance(node, yaml.MappingNode):
                 nodes += reversed([n for pair in node.value for n in pair])
+    except yaml.YAMLError:
+        return ""
     finally:
         loader.dispose()
     return ""
@@ -422,9 +432,10 @@ def load(path: str | Path) -> Recipe:
         where = f":{mark.line + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise UserError(f"{path}{where}: YAML syntax error: {problem}") from None
-    except ValueError as e:  # a plain value YAML reads as a date or number that cannot be one: 2001-02-30
-        raise UserError(f"{path}{unbuildable_line(text)}: YAML reads a value as a date or number that cannot be "
-                        f"one ({str(e).split(';')[0]}); quote it if it is text") from None
+    except UNBUILDABLE as e:  # a value YAML reads as a date or number that cannot be one: 2001-02-30
+        raise UserError(f"{path}{unbuildable_line(text)}: YAML cannot build a value (a date or number that cannot "
+                        f"be one, or a tag that does not fit it: {str(e).split(';')[0]}); quote it if it is "
+                        f"text") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a recipe is a YAML mapping with model: and data: sections")
     try:
