@@ -14,6 +14,7 @@ installed only if its inputs hash to its key and every byte matches its digest.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -175,7 +176,12 @@ class Remote:
         between a look and an open is refused, never read or waited on. FileNotFoundError where
         there is nothing."""
         if self.local:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # a UNIX socket, or a device with nothing behind it
+                    return "non-file", None, None
+                raise
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 os.close(fd)
@@ -340,6 +346,9 @@ class Remote:
         files, sizes = entry["sidecar"]["files"], entry["sizes"]
         if "manifest.json" not in files:
             raise Rejected(f"{where}: it names entries to install with it but holds no manifest.json; {refuse}")
+        if sizes["manifest.json"] > jsontext.SIZE_CAP:  # refused before a byte of it lands in the temp dir
+            raise Rejected(f"{where}: its manifest.json is declared {sizes['manifest.json']} bytes, over the "
+                           f"{jsontext.SIZE_CAP} any JSON file of an artifact may be; {refuse}")
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "manifest.json"
             self._download(files["manifest.json"], sizes["manifest.json"], local, f"{where}: manifest.json")
