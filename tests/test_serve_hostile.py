@@ -136,16 +136,19 @@ def over_socket(port: int, request_head: bytes, chunks=(), timeout: float = 10) 
         for chunk in chunks:
             if select.select([sock], [], [], 0)[0]:
                 break
-            sock.sendall(chunk)
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):  # answered and closed between the look and the send
+                break
             sent += len(chunk)
         response = http.client.HTTPResponse(sock)
         response.begin()
         return response.status, json.loads(response.read()), sent
 
 
-def head(port: int, extra: str) -> bytes:
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\n{extra}\r\n").encode()
+def head(port: int, extra: str, path: str = "/v1/chat/completions", media: str = "application/json") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: {media}\r\n{extra}\r\n").encode()
 
 
 def attacks(s: Server) -> dict:
@@ -166,8 +169,12 @@ def attacks(s: Server) -> dict:
     def stated():
         return over_socket(port, head(port, "Content-Length: 10000000000\r\n"))[:2]
 
-    def raw(body: bytes):
-        return lambda: over_socket(port, head(port, f"Content-Length: {len(body)}\r\n"), [body])[:2]
+    def elsewhere():  # not counted in flight, so bounded far lower: a megabyte (under the chat cap) is 413
+        chunk = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+        return over_socket(port, head(port, "Transfer-Encoding: chunked\r\n", "/v1/chat/completion"), [chunk] * 16)[:2]
+
+    def raw(body: bytes, media: str = "application/json"):
+        return lambda: over_socket(port, head(port, f"Content-Length: {len(body)}\r\n", media=media), [body])[:2]
 
     nested = raw(b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     hi_json = json.dumps(hi).encode()
@@ -195,6 +202,7 @@ def attacks(s: Server) -> dict:
         "1,000 content parts": (say([{"type": "text", "text": "a"}] * 1000), 400, None, "messages.0.content"),
         "a chunked 20 MiB body": (chunked, *too_large),
         "a stated 10 GB body, never sent": (stated, *too_large),
+        "a chunked megabyte to a mistyped path": (elsewhere, *too_large),
         "JSON nested 100,000 deep": (nested, 400, None, None),
         # JSON that is not text: a lone UTF-16 surrogate (was a 500 in plain text, from the tokenizer, or
         # from rendering the 404 that names the model)
@@ -202,6 +210,9 @@ def attacks(s: Server) -> dict:
                                                 % model.encode()),
                                             400, None, None),
         "a lone surrogate as the model": (raw(b'{"model": "\\udfff", "messages": ' + hi_json + b"}"), 400, None, None),
+        # what any web page can post to localhost without a CORS preflight
+        "a text/plain post": (raw(b'{"model": "%s", "messages": %s}' % (model.encode(), hi_json), "text/plain"),
+                              400, None, None),
     }
 
 

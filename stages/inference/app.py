@@ -49,6 +49,7 @@ CHARS_PER_TOKEN = 16
 JSON_BYTES_PER_CHAR = 6  # the most a character takes in a JSON string: \uXXXX, json.dumps' default for non-ASCII
 BODY_SLACK_BYTES = 1 << 20  # the rest of a request: message wrappers, fields this server ignores (tools)
 MAX_IN_FLIGHT = 256  # answers the batch holds or queues at once: a longer queue only waits past clients' timeouts
+OTHER_BODY_BYTES = 4096  # a body sent to any other path (none takes one): bounded too, since those are not counted
 MAX_MESSAGES = 2048  # more turns than a conversation has; each is validated and templated before the token check
 MAX_CONTENT_PARTS = 64  # text parts of one message: clients send one or a few
 MAX_STOPS = 4  # OpenAI's API takes up to 4 stop strings
@@ -127,8 +128,10 @@ def error(status: int, message: str, param=None, code=None, kind="invalid_reques
 
 class Bounded:
     """ASGI middleware: what a request may cost before the app sees it. A chat completion past
-    `in_flight` at once is 429; a body over `body_bytes` is 413, by its Content-Length before any
-    of it is read, else as soon as the bytes read of a chunked body pass the bound."""
+    `in_flight` at once is 429; a body over `body_bytes` (OTHER_BODY_BYTES on any other path, whose
+    requests are not counted: 400 uploads of a megabyte each to a mistyped path were all held) is
+    413, by its Content-Length before any of it is read, else as soon as the bytes read of a chunked
+    body pass the bound."""
 
     def __init__(self, app, body_bytes: int, in_flight: int):
         self.app, self.body_bytes, self.in_flight, self.busy = app, body_bytes, in_flight, 0
@@ -148,17 +151,18 @@ class Bounded:
             self.busy -= counted
 
     async def _bounded(self, scope, receive, send):
+        limit = self.body_bytes if scope["path"] == "/v1/chat/completions" else OTHER_BODY_BYTES
         stated = Headers(scope=scope).get("content-length")
-        if stated is not None and int(stated) > self.body_bytes:
-            return await self._too_large(scope, receive, send)
+        if stated is not None and int(stated) > limit:
+            return await self._too_large(scope, receive, send, limit)
         body, more = bytearray(), True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
-            if len(body) > self.body_bytes:
-                return await self._too_large(scope, receive, send)
+            if len(body) > limit:
+                return await self._too_large(scope, receive, send, limit)
             more = message.get("more_body", False)
         replayed = False
 
@@ -172,9 +176,10 @@ class Bounded:
 
         await self.app(scope, replay, send)
 
-    def _too_large(self, scope, receive, send):
-        return error(413, f"the request body is over {self.body_bytes} bytes, this server's limit (the longest "
-                          f"prompt its model takes, JSON-escaped); shorten the messages",
+    def _too_large(self, scope, receive, send, limit: int):
+        why = ("the longest prompt its model takes, JSON-escaped); shorten the messages" if limit == self.body_bytes
+               else "on this path, which takes no body)")
+        return error(413, f"the request body is over {limit} bytes, this server's limit ({why}",
                      code="request_too_large")(scope, receive, send)
 
 
@@ -236,6 +241,10 @@ def build_app(model: ServedModel, model_id: str, extra_card: dict | None = None,
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media and media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+            # as FastAPI parses only JSON bodies: a web page's form or text/plain post (no CORS preflight) is refused
+            raise APIError(400, f"the request body must be JSON (Content-Type: application/json), not {media[:64]!r}")
         body = b"".join([part async for part in request.stream()])  # (stream(): Request keeps no copy)
         try:
             req = ChatRequest.model_validate_json(body)
