@@ -31,9 +31,9 @@ def parsed_row(text: str) -> dict | BadRow:
     """json.loads of one row's text, or the BadRow (malformed_json) it is: not JSON, nested deeper
     than ROW_DEPTH, an integer longer than Python reads, or holding a lone surrogate escape."""
     try:
-        if text.count("[") + text.count("{") > ROW_DEPTH and jsontext.deeper_than(text, ROW_DEPTH):
-            return BadRow("malformed_json", f"nested deeper than {ROW_DEPTH} levels")
-        row = json.loads(text)
+        row = jsontext.loads(text, ROW_DEPTH)
+    except jsontext.TooDeep as e:
+        return BadRow("malformed_json", str(e))
     except json.JSONDecodeError as e:
         return BadRow("malformed_json", f"malformed JSON ({e.msg} at column {e.colno})")
     except ValueError as e:  # an integer of more digits than Python converts
@@ -165,9 +165,9 @@ def read_local(path: Path, label: str, fmt: str) -> Iterator[tuple[str, dict | B
         except (OSError, EOFError) as e:  # a gzip file cut short or not gzip
             raise UserError(f"{label}: cannot read it ({e or type(e).__name__}); fix the file") from None
         try:
-            if jsontext.deeper_than(text, ROW_DEPTH + 2):  # the list, {"data": ...} and the rows
-                raise UserError(f"{label}: nested deeper than {ROW_DEPTH} levels in a row; fix the file")
-            data = json.loads(text)
+            data = jsontext.loads(text, ROW_DEPTH + 2)  # the list, {"data": ...} and the rows
+        except jsontext.TooDeep:
+            raise UserError(f"{label}: nested deeper than {ROW_DEPTH} levels in a row; fix the file") from None
         except json.JSONDecodeError as e:
             raise UserError(f"{label}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
                             f"fix the file") from None

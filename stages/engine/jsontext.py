@@ -38,6 +38,8 @@ def deeper_than(text: str, cap: int = DEPTH_CAP) -> bool:
     """Whether lists and objects nest more than `cap` levels in the JSON text `text`, brackets
     inside strings not counted: exact for JSON; for a text that is not, at least as deep as any
     nesting json's parser would enter before it found the error."""
+    if text.count("[") + text.count("{") <= cap:
+        return False  # too few openings, strings' included, to nest that deep: decided without a regex pass
     brackets = NOT_BRACKET.sub("", STRING.sub("", text))
     if brackets.count("[") + brackets.count("{") <= cap:
         return False  # the usual case: too few openings to nest that deep, decided in C
