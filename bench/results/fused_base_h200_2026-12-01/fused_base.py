@@ -1,0 +1,91 @@
+"""The frozen base matmuls of the projections that read one input (q/k/v, gate/up) as one
+matmul each, beside LoRA's scale in B's weight (stages/train/lora_scale.py).
+
+Each member's base weight becomes a row slice of one contiguous tensor (no copy kept: the
+members' weights are views of it, so saving, merging or restoring them writes the same
+memory). The first member called with an input computes the whole group's base product; the
+others take their column slice while the input is the same tensor. In the backward the
+members' output gradients are one tensor and the input's base gradient one matmul with the
+summed inner dimension, instead of one matmul per member and a sum of their results. LoRA's
+products stay per member."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import MethodType
+
+import torch
+
+from stages.train.lora_scale import plain_lora
+
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class FusedBase:
+    """One group's fused base weight and the product of the input it last saw."""
+
+    def __init__(self, members: list):
+        self.members = members
+        weights = [m.base_layer.weight for m in members]
+        self.weight = torch.cat([w.detach() for w in weights])
+        self.slices, start = [], 0
+        for m, w in zip(members, weights):
+            stop = start + w.shape[0]
+            m.base_layer.weight = torch.nn.Parameter(self.weight[start:stop], requires_grad=False)
+            self.slices.append((start, stop))
+            start = stop
+        self.x = self.y = None
+        self.taken = 0
+
+    def base(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if self.x is not x:
+            self.x, self.y, self.taken = x, torch.nn.functional.linear(x, self.weight), 0
+        start, stop = self.slices[i]
+        y = self.y[..., start:stop]
+        self.taken += 1
+        if self.taken == len(self.members):
+            self.x = self.y = None
+        return y
+
+
+def forward(module, x: torch.Tensor, *args, group: FusedBase | None = None, index: int = 0, **kwargs):
+    name = plain_lora(module, x, args, kwargs)
+    if name is None:
+        return type(module).forward(module, x, *args, **kwargs)
+    result = group.base(index, x) if group is not None else module.base_layer(x)
+    b = module.lora_B[name].weight * module.scaling[name]
+    return (result + torch.nn.functional.linear(module.lora_A[name](x), b)).to(result.dtype)
+
+
+def groups(model, modules: list) -> dict:
+    from functools import partial
+
+    found = {}
+    for parent in model.modules():
+        for names in SHARED_INPUT:
+            members = [getattr(parent, n, None) for n in names]
+            if not all(m in modules for m in members):
+                continue
+            bases = [m.base_layer for m in members]
+            if not all(type(b) is torch.nn.Linear and b.bias is None for b in bases):
+                continue
+            if len({(b.in_features, b.weight.dtype, b.weight.device) for b in bases}) != 1:
+                continue
+            group = FusedBase(members)
+            for i, m in enumerate(members):
+                found[m] = partial(forward, group=group, index=i)
+    return found
+
+
+@contextmanager
+def fused_base(model, fuse: bool = True):
+    from peft.tuners.lora import Linear
+
+    modules = [m for m in model.modules() if isinstance(m, Linear)]
+    fused = groups(model, modules) if fuse else {}
+    for m in modules:
+        m.forward = MethodType(fused.get(m, forward), m)
+    try:
+        yield model
+    finally:
+        for m in modules:
+            del m.forward
