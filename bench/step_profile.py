@@ -34,8 +34,9 @@ results committed before 2026-11-25 timed each step with a sync of its own):
                       trainer loses to the step loop (14.6k vs 15.4k tokens/s): a log (a host
                       sync) every 10 steps instead of every step, no gradient clipping (the
                       Trainer still computes the norm for each log), two data loader workers
-  trainer_cudagraphs* the compiled layers under CUDA graphs (mode="reduce-overhead"), marking
-                      each micro-batch a new graph step, keeping gradients allocated
+  trainer_cudagraphs* the compiled layers under CUDA graphs (inductor's cudagraph trees, with
+                      the layers' COMPILE_OPTIONS), marking each micro-batch a new graph step,
+                      keeping gradients allocated
 Each variant runs in its own process; trainer variants also report where the GPU waited
 (gaps between kernels, charged to the host operation running).
 
@@ -258,12 +259,13 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_ce": ({**BEST, "micro_batch_size": 4, "fused_cross_entropy": True}, {}),
     "trainer_mb4_eager_loss": ({**BEST, "micro_batch_size": 4}, {"eager_loss": True}),
     "trainer_mb4_input_cast": ({**BEST, "micro_batch_size": 4}, {"input_cast": True}),
-    "trainer_cudagraphs": (BEST, {"compile_mode": "reduce-overhead"}),
-    "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"compile_mode": "reduce-overhead"}),
-    "trainer_cudagraphs_marked": (BEST, {"compile_mode": "reduce-overhead", "mark_steps": True}),
-    "trainer_cudagraphs_grads": (BEST, {"compile_mode": "reduce-overhead", "mark_steps": True, "grads_kept": True}),
+    "trainer_cudagraphs": (BEST, {"cudagraphs": True}),
+    "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"cudagraphs": True}),
+    "trainer_cudagraphs_marked": (BEST, {"cudagraphs": True, "mark_steps": True}),
+    "trainer_mb4_cudagraphs_marked": ({**BEST, "micro_batch_size": 4}, {"cudagraphs": True, "mark_steps": True}),
+    "trainer_cudagraphs_grads": (BEST, {"cudagraphs": True, "mark_steps": True, "grads_kept": True}),
     "trainer_mb4_cudagraphs_grads": ({**BEST, "micro_batch_size": 4},
-                                     {"compile_mode": "reduce-overhead", "mark_steps": True, "grads_kept": True}),
+                                     {"cudagraphs": True, "mark_steps": True, "grads_kept": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
     "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
     "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
@@ -299,7 +301,7 @@ def idle_gaps(prof, least_us: float = 200.0) -> dict:
 
 
 def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
-                logging_steps: int = 1, compile_mode: str | None = None, mark_steps: bool = False,
+                logging_steps: int = 1, cudagraphs: bool = False, mark_steps: bool = False,
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0) -> dict:
     import torch
@@ -317,10 +319,10 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
 
     numerics.training_mode()
     model = new_model("sdpa")
-    settings.apply_settings(model, {**setting, "compile": setting["compile"] and not compile_mode})
-    if compile_mode:
+    settings.apply_settings(model, setting)
+    if cudagraphs:  # the layers compiled again, as they train, with inductor's CUDA graphs on
         for layer in settings.decoder_layers(model):
-            layer.compile(mode=compile_mode)
+            layer.compile(options={**settings.COMPILE_OPTIONS, "triton.cudagraphs": True})
     if eager_loss:  # the loss as transformers runs it, not compiled with the layers
         from transformers.loss.loss_utils import LOSS_MAPPING
 
