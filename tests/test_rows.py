@@ -246,6 +246,32 @@ def test_a_row_over_max_row_bytes_is_counted_oversized_and_never_read_whole(tmp_
     assert collect(data, chat, tmp_path)[1] == {}
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+def test_blocks_cut_at_every_line_end_a_file_may_have(tmp_path, end):
+    """JSON Lines with LF, CR LF or classic Mac CR line ends, plain and gzipped, cut into blocks at
+    every size from one byte up: each row is read once, whole, and no block starts inside a line
+    end (a CR LF cut between its two bytes would make a blank line). Until blocks were cut at CR
+    too, a CR-only file over the block size was one line: one oversized row."""
+    from stages.data.files import Oversized, jsonl_blocks, jsonl_rows
+
+    rows = [{"messages": [{"role": "user", "content": f"q{i}" * (i % 7 + 1)}, {"role": "assistant", "content": "a"}]}
+            for i in range(12)]
+    body = end.join(json.dumps(r) for r in rows).encode() + end.encode()
+    (tmp_path / "a.jsonl").write_bytes(body)
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(body))
+    for name in ("a.jsonl", "a.jsonl.gz"):
+        for size in range(1, 90, 7):
+            got = []
+            for block in jsonl_blocks(tmp_path / name, size, 300):  # over any row, under the file
+                assert not isinstance(block, Oversized)
+                if isinstance(block, tuple):
+                    offset, length = block
+                    block = body[offset: offset + length]
+                assert not block.startswith(b"\n"), (name, size)
+                got += [row for _, row in jsonl_rows(block, 300)]
+            assert got == rows, (name, size)
+
+
 def test_files_as_people_have_them_bom_crlf_and_mixed_escaping(tmp_path):
     lines = ['{"messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00"}, {"role": "assistant", "content": "ok"}]}',
             '{"messages": [{"role": "user", "content": "café 😀 raw"}, {"role": "assistant", "content": "ok"}]}']

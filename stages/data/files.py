@@ -69,19 +69,34 @@ class Oversized:
     length: int
 
 
-def rest_of_line(f, keep: int) -> tuple[bytes | None, int]:
-    """Read on to just past the next line end (or the end of the file), SCAN bytes at a time:
-    (the bytes read, or None once they pass `keep` and are no longer held; how many)."""
+LINE_END = re.compile(rb"\n|\r\n?")  # the line ends bytes.splitlines() cuts at, which the workers use
+
+
+def rest_of_line(f, keep: int) -> tuple[bytes | None, int, bytes]:
+    """Read on to just past the next line end (\\n, \\r\\n or a lone \\r, as a classic Mac file has
+    them; or the end of the file), SCAN bytes at a time: (the bytes read, or None once they pass
+    `keep` and are no longer held; how many; the bytes read past the line end, which the next
+    block starts with)."""
     kept, n = [], 0
     while piece := f.readline(SCAN):
+        end, past = LINE_END.search(piece), b""
+        if end is not None:
+            piece, past = piece[:end.end()], piece[end.end():]
+            if piece.endswith(b"\r") and not past and (after := f.read(1)):  # a CR LF cut between two reads
+                piece, past = (piece + after, b"") if after == b"\n" else (piece, after)
         n += len(piece)
         if kept is not None and n <= keep:
             kept.append(piece)
         else:
             kept = None
-        if piece.endswith(b"\n"):
-            break
-    return (b"".join(kept) if kept is not None else None), n
+        if end is not None:
+            return (b"".join(kept) if kept is not None else None), n, past
+    return (b"".join(kept) if kept is not None else None), n, b""
+
+
+def last_line_end(block: bytes) -> int:
+    """Where the last line of `block` that ends in it ends (0: none does)."""
+    return max(block.rfind(b"\n"), block.rfind(b"\r")) + 1
 
 
 def jsonl_blocks(path: Path, size: int, limit: int) -> Iterator[tuple[int, int] | bytes | Oversized]:
@@ -92,12 +107,13 @@ def jsonl_blocks(path: Path, size: int, limit: int) -> Iterator[tuple[int, int] 
     memory (shorter lines over the limit are found by the worker, in a block it holds anyway)."""
     if path.name.endswith(".gz"):
         with gzip.open(path, "rb") as f:
-            while block := f.read(size):
-                tail, n = rest_of_line(f, limit)
+            carry = b""
+            while block := carry + f.read(size):
+                tail, n, carry = rest_of_line(f, limit)
                 if tail is not None:
                     yield block + tail
                     continue
-                head = block.rfind(b"\n") + 1
+                head = last_line_end(block)
                 if head:
                     yield block[:head]
                 yield Oversized(len(block) - head + n)
@@ -123,9 +139,9 @@ def line_start(f, lo: int, at: int) -> int:
     while at > lo:
         n = min(SCAN, at - lo)
         f.seek(at - n)
-        k = f.read(n).rfind(b"\n")
-        if k >= 0:
-            return at - n + k + 1
+        k = last_line_end(f.read(n))
+        if k:
+            return at - n + k
         at -= n
     return lo
 
