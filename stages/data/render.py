@@ -1,5 +1,6 @@
 """Rendering a conversation with the model's own chat template, the same text on any day:
-what the shards stage tokenizes and what eval prompts with."""
+what the shards stage tokenizes and what eval prompts with; and its tokens with special tokens
+only where the template wrote them (a field's "<|im_end|>" is text), for training and serving."""
 from __future__ import annotations
 
 import datetime
@@ -35,3 +36,82 @@ def render(tok, messages: list[dict], generation_prompt: bool = False) -> str:
     chat_template = dated(tok.chat_template) if isinstance(tok.chat_template, str) else tok.chat_template
     return tok.apply_chat_template(for_template(messages), tokenize=False, chat_template=chat_template,
                                    add_generation_prompt=generation_prompt)
+
+
+@functools.lru_cache(maxsize=8)
+def control_pattern(tok) -> re.Pattern | None:
+    """The texts of the tokenizer's special tokens (<|im_start|>, <|im_end|>, <|endoftext|>, ...)
+    as one pattern, longest first; None where it has none."""
+    texts = sorted({t.content for t in tok.added_tokens_decoder.values() if t.special and t.content}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+
+def holds_control(messages: list[dict], pattern: re.Pattern | None) -> bool:
+    """Whether a field of the conversation (any text but a role) holds a special token's text."""
+    return pattern is not None and any(isinstance(v, str) and k != "role" and pattern.search(v)
+                                       for m in messages for k, v in m.items())
+
+
+MASK = "\ue0ff"  # a private-use character: never in real text, none of the template code's markers
+
+
+def template_controls(tok, messages: list[dict], text: str, pattern: re.Pattern,
+                      generation_prompt: bool = False) -> list[tuple[int, int]] | None:
+    """Where the chat template itself wrote special tokens in `text` (the conversation rendered),
+    as character ranges: rendered again with each special token's text in the fields masked
+    character for character, the template's own are the ones left. None where the masked
+    rendering differs from `text` anywhere but in the masked characters (a template whose output
+    depends on those texts: its own special tokens cannot be told apart from the fields')."""
+    from jinja2.exceptions import TemplateError
+
+    hidden = [{k: pattern.sub(lambda found: MASK * len(found.group()), v) if isinstance(v, str) and k != "role" else v
+               for k, v in m.items()} for m in messages]
+    try:
+        other = render(tok, hidden, generation_prompt)
+    except TemplateError:
+        return None
+    if len(other) != len(text) or any(o != t and o != MASK for o, t in zip(other, text)):
+        return None
+    return [found.span() for found in pattern.finditer(other)]
+
+
+@functools.lru_cache(maxsize=8)
+def text_tokenizer(tok):
+    """A copy of the tokenizer's Rust tokenizer that encodes special tokens' texts as text (a
+    copy, so that no thread's encode sees the switch flip; transformers' split_special_tokens=True
+    also leaves it on in the tokenizer it was given)."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    plain.encode_special_tokens = True
+    return plain
+
+
+def encode_with_controls(tok, text: str, own: list[tuple[int, int]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of `text` and each token's character span, with special tokens only at `own`
+    (template_controls). The tokenizer splits a text at its special tokens and encodes the pieces
+    between them on their own, so encoding the pieces between the template's own ones with special
+    tokens taken as text gives exactly its ids wherever the fields hold none."""
+    cuts = [0] + [e for span in own for e in span] + [len(text)]
+    controls, ids, offsets = {a for a, _ in own}, [], []
+    for a, b in zip(cuts, cuts[1:]):
+        if b > a:
+            enc = (tok.backend_tokenizer if a in controls else text_tokenizer(tok)).encode(text[a:b], add_special_tokens=False)
+            ids += enc.ids
+            offsets += [(a + s, a + e) for s, e in enc.offsets]
+    return ids, offsets
+
+
+def prompt_ids(tok, messages: list[dict]) -> list[int]:
+    """The conversation rendered with the generation prompt, as token ids: what a served model is
+    given. A field's special-token text is text (a client cannot open a turn of another role); a
+    template whose output depends on such text refuses the messages (jinja2's TemplateError)."""
+    from jinja2.exceptions import TemplateError
+
+    text, pattern = render(tok, messages, generation_prompt=True), control_pattern(tok)
+    if not holds_control(messages, pattern) or getattr(tok, "backend_tokenizer", None) is None:
+        return tok(text)["input_ids"]
+    own = template_controls(tok, messages, text, pattern, generation_prompt=True)
+    if own is None:
+        raise TemplateError("a message holds a special token's text and the chat template's output changes with it")
+    return tok("")["input_ids"] + encode_with_controls(tok, text, own)[0]  # (a BOS, where the tokenizer adds one)

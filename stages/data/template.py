@@ -29,7 +29,8 @@ import numpy as np
 from jinja2.exceptions import TemplateError
 
 from stages.data import skeleton
-from stages.data.render import dated, for_template, render
+from stages.data.render import control_pattern, dated, encode_with_controls, for_template, holds_control, render, \
+    template_controls
 from stages.data.rows import Refused
 from stages.engine.errors import UserError
 from stages.data.tiktoken_encoder import encoder_of
@@ -279,6 +280,15 @@ def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray)
     return out
 
 
+def encode_controls_as_text(tok, text: str, own: list[tuple[int, int]], spans: list[tuple[int, int]],
+                            special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of `text` with special tokens only where the template wrote them (`own`,
+    render.template_controls): a user's "<|im_end|>" in a field is the text it is."""
+    ids, offsets = encode_with_controls(tok, text, own)
+    ids, (starts, ends) = np.array(ids, dtype=np.int32), np.array(offsets, dtype=np.int64).reshape(-1, 2).T
+    return ids, loss_mask(ids, starts, ends > starts, spans, special)
+
+
 def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False) -> str | Refused:
     try:
         return render(tok, messages, generation_prompt)
@@ -289,19 +299,28 @@ def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False)
 def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray, np.ndarray] | Refused]:
     """(input_ids, loss mask) per conversation, or why the template refused it: through the
     fastest encoder that reproduces the tokenizer (tiktoken_encoder.encoder_of), else through
-    the Rust tokenizer."""
+    the Rust tokenizer. A conversation whose fields hold a special token's text (a row about chat
+    templates, source code that names <|endoftext|>, or an attempt to open a turn of another
+    role) has those texts encoded as text (encode_controls_as_text)."""
     out, texts, spans, rendered = [], [], [], []
+    special, pattern = special_table(tok), control_pattern(tok)
     for k, m in enumerate(conversations):
         try:
             text, sp = render_with_spans(tok, m)
         except TemplateError as e:
             out.append(Refused(e))
             continue
+        if holds_control(m, pattern):
+            own = template_controls(tok, m, text, pattern)
+            out.append(Refused(ValueError("a field holds a special token's text and the chat template's output "
+                                          "changes with it, so the template's own cannot be told apart"))
+                       if own is None else encode_controls_as_text(tok, text, own, sp, special))
+            continue
         out.append(None)
         texts.append(text)
         spans.append(sp)
         rendered.append(k)
-    special, encoder = special_table(tok), encoder_of(tok)
+    encoder = encoder_of(tok)
     done = masked_by_words(encoder.encode_batch(texts), texts, spans, special) if encoder else [None] * len(texts)
     rest = [j for j, d in enumerate(done) if d is None]
     for j, d in zip(rest, encode_with_offsets(tok, [texts[j] for j in rest], [spans[j] for j in rest], special)):

@@ -14,7 +14,7 @@ import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from stages.data.render import render
+from stages.data.render import prompt_ids
 from stages.inference.batching import Engine, Generated, Sampling, end_ids
 from stages.inference.served import Served
 from stages.model.trained import load_trained, on_cuda, placement
@@ -107,7 +107,7 @@ class ServedModel:
         self.engine.close()
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.tok(render(self.tok, messages, generation_prompt=True))["input_ids"]
+        return prompt_ids(self.tok, messages)
 
     async def complete(self, ids: list[int], s: Settings) -> Generated:
         """The answer, whole; cancelling the call (its client went away) ends the generation."""
