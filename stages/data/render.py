@@ -114,4 +114,13 @@ def prompt_ids(tok, messages: list[dict]) -> list[int]:
     own = template_controls(tok, messages, text, pattern, generation_prompt=True)
     if own is None:
         raise TemplateError("a message holds a special token's text and the chat template's output changes with it")
-    return tok("")["input_ids"] + encode_with_controls(tok, text, own)[0]  # (a BOS, where the tokenizer adds one)
+    before, after = added_around(tok)
+    return before + encode_with_controls(tok, text, own)[0] + after
+
+
+@functools.lru_cache(maxsize=8)
+def added_around(tok) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer adds before and after a text it encodes (a BOS, say)."""
+    marked, bare = tok("a")["input_ids"], tok("a", add_special_tokens=False)["input_ids"]
+    at = next(i for i in range(len(marked) - len(bare) + 1) if marked[i: i + len(bare)] == bare)
+    return marked[:at], marked[at + len(bare):]
