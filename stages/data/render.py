@@ -91,7 +91,8 @@ def encode_with_controls(tok, text: str, own: list[tuple[int, int]]) -> tuple[li
     """Token ids of `text` and each token's character span, with special tokens only at `own`
     (template_controls). The tokenizer splits a text at its special tokens and encodes the pieces
     between them on their own, so encoding the pieces between the template's own ones with special
-    tokens taken as text gives exactly its ids wherever the fields hold none."""
+    tokens taken as text gives exactly its ids wherever the fields hold none (for special tokens
+    that take no whitespace beside them into themselves, lstrip and rstrip off, as Qwen's have)."""
     cuts = [0] + [e for span in own for e in span] + [len(text)]
     controls, ids, offsets = {a for a, _ in own}, [], []
     for a, b in zip(cuts, cuts[1:]):
