@@ -20,11 +20,48 @@ from stages.train.lora_scale import plain_lora
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
+@torch.library.custom_op("mindxtrain_bench::grouped_linear", mutates_args=())
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """The group's base product, its parts copied out: an op inductor does not look into, so its
+    gradient is grouped_linear_input_grad's one concatenation, not a zero-filled tensor per part."""
+    return [p.contiguous() for p in torch.nn.functional.linear(x, weight).split(sizes, dim=-1)]
+
+
+@grouped_linear.register_fake
+def _(x, weight, sizes):
+    return [x.new_empty(*x.shape[:-1], n) for n in sizes]
+
+
+@torch.library.custom_op("mindxtrain_bench::grouped_linear_input_grad", mutates_args=())
+def grouped_linear_input_grad(grads: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+    return torch.cat(grads, dim=-1) @ weight
+
+
+@grouped_linear_input_grad.register_fake
+def _(grads, weight):
+    return grads[0].new_empty(*grads[0].shape[:-1], weight.shape[1])
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+    ctx.sizes = inputs[2]
+
+
+def _backward(ctx, grads):
+    (weight,) = ctx.saved_tensors
+    shape = next(g for g in grads if g is not None).shape[:-1]
+    grads = [g if g is not None else weight.new_zeros(*shape, n) for g, n in zip(grads, ctx.sizes)]
+    return grouped_linear_input_grad(grads, weight), None, None
+
+
+grouped_linear.register_autograd(_backward, setup_context=_setup)
+
+
 class FusedBase:
     """One group's fused base weight and the product of the input it last saw."""
 
-    def __init__(self, members: list):
-        self.members = members
+    def __init__(self, members: list, op: bool = False):
+        self.members, self.op = members, op
         weights = [m.base_layer.weight for m in members]
         self.weight = torch.cat([w.detach() for w in weights])
         self.slices, start = [], 0
@@ -43,7 +80,8 @@ class FusedBase:
         zero-filled full-width tensor, and inductor summed those (2.5 ms a layer)."""
         if self.x is not x:
             self.x, self.taken = x, 0
-            self.parts = torch.nn.functional.linear(x, self.weight).split(self.sizes, dim=-1)
+            self.parts = (grouped_linear(x, self.weight, self.sizes) if self.op else
+                          torch.nn.functional.linear(x, self.weight).split(self.sizes, dim=-1))
         y = self.parts[i]
         self.taken += 1
         if self.taken == len(self.members):
@@ -60,7 +98,7 @@ def forward(module, x: torch.Tensor, *args, group: FusedBase | None = None, inde
     return (result + torch.nn.functional.linear(module.lora_A[name](x), b)).to(result.dtype)
 
 
-def groups(model, modules: list) -> dict:
+def groups(model, modules: list, op: bool = False) -> dict:
     from functools import partial
 
     found = {}
@@ -74,18 +112,20 @@ def groups(model, modules: list) -> dict:
                 continue
             if len({(b.in_features, b.weight.dtype, b.weight.device) for b in bases}) != 1:
                 continue
-            group = FusedBase(members)
+            group = FusedBase(members, op)
             for i, m in enumerate(members):
                 found[m] = partial(forward, group=group, index=i)
     return found
 
 
 @contextmanager
-def fused_base(model, fuse: bool = True):
+def fused_base(model, fuse: bool = True, op: bool = False):
+    """Inside: the PEFT LoRA Linears with LoRA's scale in B's weight and the groups' base products
+    fused, through grouped_linear where `op` (not yet run on a GPU), else through autograd's split."""
     from peft.tuners.lora import Linear
 
     modules = [m for m in model.modules() if isinstance(m, Linear)]
-    fused = groups(model, modules) if fuse else {}
+    fused = groups(model, modules, op) if fuse else {}
     for m in modules:
         m.forward = MethodType(fused.get(m, forward), m)
     try:

@@ -7,6 +7,8 @@ in B's weight), then AdamW's step and zero_grad, as the trainer does.
 
   current       the step as it trains (stages.train.settings.step_context)
   fused         + the base matmuls of q/k/v and gate/up fused per input (fused_base.py)
+  fused_op      the same through fused_base.grouped_linear, a custom op with its own backward
+                (written after call 4 for the next session; not yet run on a GPU)
   graphs        current, the compiled layers under CUDA graphs (inductor's cudagraph trees,
                 each step marked a new graph step)
   fused_graphs  both
@@ -66,7 +68,7 @@ def context(m, fused: bool):
     from contextlib import ExitStack
     stack = ExitStack()
     stack.enter_context(disable_input_dtype_casting(m, active=True))
-    stack.enter_context(fused_base(m) if fused else scale_in_weight(m))
+    stack.enter_context(fused_base(m, op=fused == "op") if fused else scale_in_weight(m))
     return stack
 
 
@@ -91,7 +93,7 @@ def sync():
 def layers(variant, n=20, warm=5):
     m, b, ts = build("graphs" in variant), batch(), []
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4, fused=DEVICE == "cuda")
-    with context(m, variant.startswith("fused")):
+    with context(m, "op" if variant.startswith("fused_op") else variant.startswith("fused")):
         for _ in range(n + warm):
             sync(); s = time.perf_counter()
             loss = step(m, b, opt)
@@ -110,14 +112,15 @@ def parity():
         if "lora_B" in n_:
             torch.nn.init.normal_(p, std=0.02)
     res = {}
-    for name in ("current", "fused", "current_again"):
+    for name in ("current", "fused", "fused_op", "current_again"):
         m.zero_grad(set_to_none=True)
-        with context(m, name == "fused"):
+        with context(m, {"fused": True, "fused_op": "op"}.get(name, False)):
             loss = step(m, b)
         res[name] = (loss.item(), {n_: p.grad.float().clone() for n_, p in m.named_parameters() if p.grad is not None})
     rel = lambda a, b: max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
     return {"loss_current": res["current"][0], "loss_fused": res["fused"][0], "loss_current_again": res["current_again"][0],
             "grad_rel_diff_fused_vs_current": rel(res["fused"][1], res["current"][1]),
+            "loss_fused_op": res["fused_op"][0], "grad_rel_diff_fused_op_vs_current": rel(res["fused_op"][1], res["current"][1]),
             "grad_rel_diff_current_vs_current": rel(res["current_again"][1], res["current"][1]),
             "grads": len(res["current"][1])}
 
