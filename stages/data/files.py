@@ -77,9 +77,9 @@ def rest_of_line(f, keep: int) -> tuple[bytes | None, int, bytes]:
     them; or the end of the file), SCAN bytes at a time: (the bytes read, or None once they pass
     `keep` and are no longer held; how many; the bytes read past the line end, which the next
     block starts with)."""
-    kept, n = [], 0
+    kept, n, past = [], 0, b""
     while piece := f.readline(SCAN):
-        end, past = LINE_END.search(piece), b""
+        end = LINE_END.search(piece)
         if end is not None:
             piece, past = piece[:end.end()], piece[end.end():]
             if piece.endswith(b"\r") and not past and (after := f.read(1)):  # a CR LF cut between two reads
@@ -90,8 +90,8 @@ def rest_of_line(f, keep: int) -> tuple[bytes | None, int, bytes]:
         else:
             kept = None
         if end is not None:
-            return (b"".join(kept) if kept is not None else None), n, past
-    return (b"".join(kept) if kept is not None else None), n, b""
+            break
+    return (b"".join(kept) if kept is not None else None), n, past
 
 
 def last_line_end(block: bytes) -> int:

@@ -270,23 +270,18 @@ def masked_by_words(encoded, texts: list[str], spans: list, special: np.ndarray)
             if encoded.ok[k] and k not in refused else None for k in range(len(texts))]
 
 
+def masked_by_offsets(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]],
+                      special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) from token ids and each token's character span, as the Rust tokenizer gives them."""
+    ids = np.array(ids, dtype=np.int32)
+    starts, ends = np.array(offsets, dtype=np.int64).reshape(-1, 2).T
+    return ids, loss_mask(ids, starts, ends > starts, spans, special)
+
+
 def encode_with_offsets(tok, texts: list[str], spans: list, special: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """(ids, mask) of each text from one batch call of the Rust tokenizer, masked by its offsets."""
-    out = []
-    for enc, sp in zip(tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False), spans):
-        ids = np.array(enc.ids, dtype=np.int32)
-        starts, ends = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2).T
-        out.append((ids, loss_mask(ids, starts, ends > starts, sp, special)))
-    return out
-
-
-def encode_controls_as_text(tok, text: str, own: list[tuple[int, int]], spans: list[tuple[int, int]],
-                            special: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) of `text` with special tokens only where the template wrote them (`own`,
-    render.template_controls): a user's "<|im_end|>" in a field is the text it is."""
-    ids, offsets = encode_with_controls(tok, text, own)
-    ids, (starts, ends) = np.array(ids, dtype=np.int32), np.array(offsets, dtype=np.int64).reshape(-1, 2).T
-    return ids, loss_mask(ids, starts, ends > starts, spans, special)
+    return [masked_by_offsets(enc.ids, enc.offsets, sp, special)
+            for enc, sp in zip(tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False), spans)]
 
 
 def render_or_refuse(tok, messages: list[dict], generation_prompt: bool = False) -> str | Refused:
@@ -301,7 +296,7 @@ def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray,
     fastest encoder that reproduces the tokenizer (tiktoken_encoder.encoder_of), else through
     the Rust tokenizer. A conversation whose fields hold a special token's text (a row about chat
     templates, source code that names <|endoftext|>, or an attempt to open a turn of another
-    role) has those texts encoded as text (encode_controls_as_text)."""
+    role) has those texts encoded as text (render.encode_with_controls)."""
     out, texts, spans, rendered = [], [], [], []
     special, pattern = special_table(tok), control_pattern(tok)
     for k, m in enumerate(conversations):
@@ -314,7 +309,7 @@ def encode_chats(tok, conversations: list[list[dict]]) -> list[tuple[np.ndarray,
             own = template_controls(tok, m, text, pattern)
             out.append(Refused(ValueError("a field holds a special token's text and the chat template's output "
                                           "changes with it, so the template's own cannot be told apart"))
-                       if own is None else encode_controls_as_text(tok, text, own, sp, special))
+                       if own is None else masked_by_offsets(*encode_with_controls(tok, text, own), sp, special))
             continue
         out.append(None)
         texts.append(text)
