@@ -98,9 +98,15 @@ def forward(module, x: torch.Tensor, *args, group: FusedBase | None = None, inde
     return (result + torch.nn.functional.linear(module.lora_A[name](x), b)).to(result.dtype)
 
 
-def groups(model, modules: list, op: bool = False) -> dict:
-    from functools import partial
+def member_forward(group: FusedBase, index: int):
+    """Member index's forward as a plain Python function: dynamo traces a closure, while a
+    functools.partial (calls 1-6) broke the layer's graph at every member (call 6's logs)."""
+    def member(module, x, *args, **kwargs):
+        return forward(module, x, *args, group=group, index=index, **kwargs)
+    return member
 
+
+def groups(model, modules: list, op: bool = False) -> dict:
     found = {}
     for parent in model.modules():
         for names in SHARED_INPUT:
@@ -114,7 +120,7 @@ def groups(model, modules: list, op: bool = False) -> dict:
                 continue
             group = FusedBase(members, op)
             for i, m in enumerate(members):
-                found[m] = partial(forward, group=group, index=i)
+                found[m] = member_forward(group, i)
     return found
 
 

@@ -1,5 +1,5 @@
-"""Where the fused variant's extra time goes: one step of `current` and of `fused` (layers.py's
-8-layer harness) under torch.profiler after the warm-ups, CUDA kernels summed by name; prints
+"""Where the fused variant's extra time goes: one step of `current` and of `fused` or `fused_op`
+(layers.py's 8-layer harness) under torch.profiler after the warm-ups, CUDA kernels summed by name; prints
 each variant's kernel total and the kernels whose time differs most between the two.
 
     python step_kernels.py VARIANT    one process; its kernel table as the last line (JSON)"""
@@ -12,7 +12,7 @@ import layers as L  # noqa: E402
 variant = sys.argv[1]
 m, b = L.build(False), L.batch()
 opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4, fused=True)
-with L.context(m, variant == "fused"):
+with L.context(m, {"fused": True, "fused_op": "op"}.get(variant, False)):
     for _ in range(6):
         L.step(m, b, opt)
     torch.cuda.synchronize()

@@ -82,11 +82,17 @@ def forward(module, x: torch.Tensor, *args, group: SharedInput | None = None, st
     return (result + torch.nn.functional.linear(h, b)).to(result.dtype)
 
 
+def member_forward(group: SharedInput, start: int, stop: int):
+    """A member's forward as a closure, which dynamo traces: the functools.partial of call 1
+    broke the layer's graph at every member (found on 2026-12-02, ../fused_base_h200_2026-12-01/)."""
+    def member(module, x, *args, **kwargs):
+        return forward(module, x, *args, group=group, start=start, stop=stop, **kwargs)
+    return member
+
+
 def groups(model, modules: list) -> dict:
     """Each LoRA Linear in a SharedInput group: its group and its slice of the group's product
     (siblings named in SHARED_INPUT, all with one adapter of equal names)."""
-    from functools import partial
-
     found = {}
     for parent in model.modules():
         for names in SHARED_INPUT:
@@ -100,7 +106,7 @@ def groups(model, modules: list) -> dict:
             group, start = SharedInput(members), 0
             for m in members:
                 stop = start + m.lora_A[name].out_features
-                found[m] = partial(forward, group=group, start=start, stop=stop)
+                found[m] = member_forward(group, start, stop)
                 start = stop
     return found
 
