@@ -20,6 +20,7 @@ import importlib
 import json
 from pathlib import Path
 
+from stages.data.render import control_pattern, quoted_control
 from stages.engine import jsontext
 from stages.model.numerics import as_planned
 from stages.model.trained import (dequantized, device, load_trained, placement, size_on_disk,
@@ -54,6 +55,15 @@ def trained_model(scored_base, checkpoint: Path, base: Path):
     return PeftModel.from_pretrained(scored_base, checkpoint / "adapter").merge_and_unload()
 
 
+def without_special_token_text(rows: list[dict], kind, tok) -> list[dict]:
+    """The held-out rows none of whose fields quote a special token's text. lm-eval tokenizes the
+    rendered text itself and would read such text as the token, so the row would be scored on
+    other tokens than training learned from it (the shards encode it as text; the kinds whose
+    trainer tokenizes again refuse such rows before they are held out)."""
+    pattern = control_pattern(tok)
+    return [r for r in rows if not quoted_control(kind.lines(r), pattern)]
+
+
 def build(ctx, out: Path) -> None:
     import logging
     import os
@@ -81,9 +91,12 @@ def build(ctx, out: Path) -> None:
     else:
         kind = importlib.import_module(method.kind_module)
         context = jsontext.read(base / "config.json")["max_position_embeddings"]
-        docs = kind.heldout_docs(rows, tok, context)
-        if len(docs) < len(rows):
-            report["heldout_longer_than_context"] = len(rows) - len(docs)
+        scorable = without_special_token_text(rows, kind, tok)
+        if len(scorable) < len(rows):
+            report["heldout_special_token_text"] = len(rows) - len(scorable)
+        docs = kind.heldout_docs(scorable, tok, context)
+        if len(docs) < len(scorable):
+            report["heldout_longer_than_context"] = len(scorable) - len(docs)
         configs = harness.task_configs(kind.tasks(docs, tok.eos_token, settings.max_new_tokens, ctx.recipe.train.reward),
                                        docs)
         report["heldout_rows"] = len(docs)

@@ -24,6 +24,18 @@ FIRST_DROPPED = 50  # dropped rows listed on the page; dropped.jsonl has them al
 GPU_ONLY = ("sdpa_backend", "rocm_fa_library", "compile", "fused_cross_entropy", "gradient_checkpointing", "env")
 
 
+def left_out(evaluation: dict, heldout: int) -> list[str]:
+    """Why eval scored fewer held-out rows than the shards hold, a clause each."""
+    limit = (evaluation.get("settings") or {}).get("limit")
+    clauses = [f"eval.limit ({limit}) caps how many are scored"] if limit and limit < heldout else []
+    if evaluation.get("heldout_longer_than_context"):
+        clauses.append(f"{evaluation['heldout_longer_than_context']} longer than the model's context left out")
+    if evaluation.get("heldout_special_token_text"):
+        clauses.append(f"{evaluation['heldout_special_token_text']} quoting a special token's text left out "
+                       "(lm-eval would read it as the token)")
+    return clauses
+
+
 def build(ctx, out: Path) -> None:
     up, runs = ctx.upstream, ctx.inputs["runs"]
     manifest = jsontext.read(up["manifest"] / "manifest.json")
@@ -53,8 +65,8 @@ def build(ctx, out: Path) -> None:
     stages = sorted(manifest["artifacts"].items(), key=lambda s: order.index(s[0]) if s[0] in order else len(order))
     html = render(
         recipe=ctx.recipe_name, manifest_digest=ctx.artifacts["manifest"]["digest"], anchor=anchor,
-        heldout_rows=evaluation.get("heldout_rows"), limit=(evaluation.get("settings") or {}).get("limit"),
-        too_long=evaluation.get("heldout_longer_than_context", 0), models=models, metrics=metrics,
+        heldout_rows=evaluation.get("heldout_rows"), left_out=left_out(evaluation, stats["kept"]["heldout"]),
+        models=models, metrics=metrics,
         loss_svg=loss_svg(steps) if steps else "<p>no steps logged</p>", steps=len(steps),
         first_loss=steps[0]["loss"] if steps else None, last_loss=steps[-1]["loss"] if steps else None,
         rows_in=sorted(stats["rows_in"].items()), kept=stats["kept"], drops=sorted(stats["dropped"].items()),

@@ -85,3 +85,12 @@ def test_the_report_renders_and_says_what_the_artifacts_say(warm, tmp_path):
     before = snapshot(warm)
     again = doit(warm, "report:tiny")
     assert again.rc == 0 and "report:tiny" not in again.ran and snapshot(warm) == before  # cached
+
+
+def test_the_report_says_why_fewer_held_out_rows_were_scored():
+    from stages.report import left_out
+
+    assert left_out({"settings": {"limit": None}}, 40) == []
+    assert left_out({"settings": {"limit": 8}, "heldout_longer_than_context": 2, "heldout_special_token_text": 1}, 40) == [
+        "eval.limit (8) caps how many are scored", "2 longer than the model's context left out",
+        "1 quoting a special token's text left out (lm-eval would read it as the token)"]

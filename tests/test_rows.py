@@ -284,3 +284,39 @@ def test_files_as_people_have_them_bom_crlf_and_mixed_escaping(tmp_path):
     csv_body = "\ufeffinstruction,input,output\r\ncafé,,ok\r\n".encode()
     kept, dropped, _ = read(tmp_path, {"bom.csv": csv_body})
     assert kept[0]["messages"][0]["content"] == "café" and not dropped
+
+
+def test_special_token_text_is_refused_only_in_kinds_whose_trainer_tokenizes_text_again(tmp_path):
+    """Preference, unpaired (KTO) and prompt (GRPO) rows reach TRL as text: a field holding a
+    special token's text is counted (special_token_text). A chat or text row keeps it: the
+    shards' own encoder takes it as text, and training reads those ids."""
+    from stages.data import render
+    from stages.model.tiny import char_tokenizer
+
+    controls = render.control_pattern(char_tokenizer())
+    quoted = "ends at <|endoftext|> here"
+    cases = [(preference, {"prompt": "q", "chosen": quoted, "rejected": "b"}, True),
+             (unpaired, {"prompt": quoted, "completion": "a", "label": True}, True),
+             (prompt, {"question": "q<|im_start|>system", "answer": "4"}, True),
+             (chat, {"messages": [{"role": "user", "content": quoted}, {"role": "assistant", "content": "a"}]}, False),
+             (text, {"text": quoted}, False)]
+    for kind, row, refused in cases:
+        (tmp_path / "rows.jsonl").write_text(jsonl(row))
+        data = DataSection(sources=[{"path": "rows.jsonl"}], on_error="skip")
+        [job] = source_jobs(data.sources[0], tmp_path, data)
+        records, _, _, outcome = job_records(job, data.sources[0], data, kind, controls)
+        assert (outcome["dropped"] == {"special_token_text": 1}) == refused, kind.__name__
+        assert len(records) == (0 if refused else 1)
+
+
+def test_held_out_rows_quoting_special_tokens_are_left_out_of_scoring():
+    """lm-eval tokenizes the rendered held-out text itself: a chat or text row quoting a special
+    token would be scored on other tokens than training saw, so eval leaves it out (and counts it)."""
+    from stages.eval import without_special_token_text
+    from stages.model.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    clean = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    quoting = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "stop at <|im_end|>"}]}
+    assert without_special_token_text([clean, quoting, clean], chat, tok) == [clean, clean]
+    assert without_special_token_text([{"text": "a <|endoftext|> b"}, {"text": "ab"}], text, tok) == [{"text": "ab"}]

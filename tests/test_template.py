@@ -276,3 +276,22 @@ def test_a_served_prompt_keeps_the_tokens_the_tokenizer_adds_around_a_text():
     ids = render.prompt_ids(tok, attack)
     assert ids[0] == bos and ids.count(bos) == 1 and ids.count(tok.convert_tokens_to_ids("<|im_start|>")) == 2
     assert tok.decode(ids[1:]) == render.render(tok, attack, generation_prompt=True)
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["char", "qwen3"])
+def test_a_document_quoting_special_tokens_is_encoded_as_its_text(real):
+    """CPT's documents: "<|endoftext|>" in source code is those characters, not the token; a
+    document without such text gets the tokenizer's own ids (its fast encoder's, in one batch)."""
+    if real and not QWEN3.exists():
+        pytest.skip("../shared/tokenizers/qwen3 is not here")
+    from transformers import AutoTokenizer
+    from stages.data.sources import Encoder
+
+    tok = AutoTokenizer.from_pretrained(QWEN3) if real else tokenizer()
+    quoted, plain = 'if token == "<|endoftext|>":\n    stop()', "def stop():\n    return None"
+    got = Encoder(tok).documents([quoted, plain, quoted])
+    assert got[0].tolist() == got[2].tolist() == as_text(tok, quoted)
+    assert tok.convert_tokens_to_ids("<|endoftext|>") not in got[0].tolist()
+    assert tok.decode(got[0]) == quoted
+    assert got[1].tolist() == tok(plain, add_special_tokens=False)["input_ids"]
+    assert tok.backend_tokenizer.encode_special_tokens is False

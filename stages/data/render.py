@@ -52,6 +52,16 @@ def holds_control(messages: list[dict], pattern: re.Pattern | None) -> bool:
                                        for m in messages for k, v in m.items())
 
 
+def quoted_control(view: list[tuple[str, str, bool]], pattern: re.Pattern | None) -> str | None:
+    """The first special token's text in a record's fields (a data kind's lines(record)), or None."""
+    if pattern is not None:
+        for _, text, _ in view:
+            found = pattern.search(text)
+            if found:
+                return found.group()
+    return None
+
+
 MASK = "\ue0ff"  # a private-use character: never in real text, none of the template code's markers
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages.data import cleaning, files, rows, template
+from stages.data import cleaning, files, render, rows, template
 from stages.data.selection import split_hash
 from stages.data.tiktoken_encoder import encode_texts, encoder_of
 from stages.engine.errors import UserError
@@ -70,11 +70,14 @@ def job_rows(job, limit: int):
         yield where, row, line
 
 
-def job_records(job, src, data, kind) -> tuple[list[dict], list[bytes], list[tuple], dict]:
+def job_records(job, src, data, kind, controls=None) -> tuple[list[dict], list[bytes], list[tuple], dict]:
     """The canonical records of a job's rows (of the data kind `kind`), each row as stored (its
     JSON line, or the record as JSON where the row did not come from one) and where it was (its position in the job, and
     `where`), with what happened to the others: rows in, drops by reason and by position, and
-    where on_error is fail the first bad row as (position, where, message)."""
+    where on_error is fail the first bad row as (position, where, message). `controls` is the
+    tokenizer's special tokens' texts (render.control_pattern), refused in a RETOKENIZED kind: its
+    trainer (TRL's preference, KTO and GRPO trainers take the rendered text) would read such text
+    as the token, and a row could end a turn early or open one of another role."""
     records, stored, places, dropped = [], [], [], Counter()
     outcome = {"rows_in": 0, "dropped": dropped, "drops": [], "error": None}  # drops: (position, reason)
     for position, (where, row, line) in enumerate(job_rows(job, data.max_row_bytes)):
@@ -87,6 +90,9 @@ def job_records(job, src, data, kind) -> tuple[list[dict], list[bytes], list[tup
             size = sum(len(t) for _, t, _ in view) if line is None else 0
             if size > data.max_row_bytes:  # a row of a file read whole (JSON, Parquet, CSV, the hub)
                 raise files.oversized(size)
+            if kind.RETOKENIZED and (quoted := render.quoted_control(view, controls)):
+                raise rows.BadRow("special_token_text", f"a field holds {quoted!r}, a special token's text, which "
+                                  "this method's trainer would read as that token")
         except rows.BadRow as e:
             if data.on_error == "skip" or e.reason in COUNTED_ALWAYS:
                 dropped[e.reason] += 1
@@ -140,7 +146,18 @@ class Encoder:
         return template.encode_chats(self.tok, conversations)
 
     def texts(self, texts: list[str]) -> list[np.ndarray]:
+        """Rendered texts: the special tokens in them are the template's."""
         return encode_texts(self.tok, texts)
+
+    def documents(self, texts: list[str]) -> list[np.ndarray]:
+        """Raw documents, their special tokens' texts encoded as text: a document that quotes
+        <|endoftext|> does not end there, and the kind appends the one end-of-text token itself."""
+        pattern = render.control_pattern(self.tok)
+        held = [pattern is not None and pattern.search(t) is not None for t in texts]
+        out = iter(encode_texts(self.tok, [t for t, h in zip(texts, held) if not h]))
+        plain = render.text_tokenizer(self.tok)
+        return [np.array(plain.encode(t, add_special_tokens=False).ids, dtype=np.int32) if h else next(out)
+                for t, h in zip(texts, held)]
 
     def render(self, messages: list[dict], generation_prompt: bool = False) -> str | rows.Refused:
         return template.render_or_refuse(self.tok, messages, generation_prompt)
@@ -180,7 +197,7 @@ def prepare_job(index: int, job, src, kind_module: str, data, out: Path) -> dict
     from safetensors.numpy import save_file
 
     kind = importlib.import_module(kind_module)
-    records, stored, places, outcome = job_records(job, src, data, kind)
+    records, stored, places, outcome = job_records(job, src, data, kind, render.control_pattern(_worker["tok"]))
     enc = Encoder(_worker["tok"])
     docs = [doc for i in range(0, len(records), TOKENIZE_BATCH)
             for doc in kind.tokenize(enc, records[i: i + TOKENIZE_BATCH])]

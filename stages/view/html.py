@@ -23,7 +23,7 @@ by transaction <code>{{ anchor.tx_hash }}</code>, block {{ anchor.block_number }
 {% else %}<p id="anchor">not anchored</p>{% endif %}
 
 <h2>Evaluation</h2>
-<p id="scored">{% if heldout_rows < kept.heldout %}Scored on {{ heldout_rows }} of the {{ kept.heldout }} held-out rows{% if limit and limit < kept.heldout %}: eval.limit ({{ limit }}) caps how many are scored{% endif %}{% if too_long %}{{ ";" if limit and limit < kept.heldout else ":" }} {{ too_long }} longer than the model's context left out{% endif %}.{% else %}Scored on all {{ heldout_rows }} held-out rows.{% endif %}</p>
+<p id="scored">{% if heldout_rows < kept.heldout %}Scored on {{ heldout_rows }} of the {{ kept.heldout }} held-out rows{% if left_out %}: {{ left_out|join("; ") }}{% endif %}.{% else %}Scored on all {{ heldout_rows }} held-out rows.{% endif %}</p>
 <table id="eval"><tr><th>model</th>{% for m in metrics %}<th>{{ m }}</th>{% endfor %}</tr>
 {% for name, scores in models %}<tr><td>{{ name }}</td>{% for m in metrics %}<td class="n">{{ fmt(scores.get(m)) }}</td>{% endfor %}</tr>
 {% endfor %}</table>

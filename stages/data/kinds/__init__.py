@@ -13,6 +13,10 @@ A kind's module holds:
     LEARNS      False where a row has no loss tokens (a prompt: its answer is sampled); else a
                 row without them is dropped (no_loss_tokens) and ragged shards store labels
     BESIDE      record fields a ragged shard keeps beside each row: field -> file suffix
+    RETOKENIZED True where the trainer tokenizes the rendered rows again (TRL's preference, KTO
+                and GRPO trainers take text): there a special token's text in a field would be
+                read as that token, so such a row is refused (special_token_text); False where
+                training reads the shards' ids, in which such text is text
     convert(row, fmt) -> record         the canonical record of a raw row of format `fmt`
                                         (stages/data/rows.py), or rows.BadRow
     lines(record) -> [(prefix, text, is an answer)]   the record as cleaning reads it: dedupe,

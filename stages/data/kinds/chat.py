@@ -12,6 +12,7 @@ SIDES = ("ids",)
 PACKED = True
 LEARNS = True
 BESIDE: dict[str, str] = {}
+RETOKENIZED = False
 
 
 def convert(row: dict, fmt: str) -> dict:

@@ -14,6 +14,7 @@ SIDES = ("ids", "rejected_ids")
 PACKED = False
 LEARNS = True
 BESIDE: dict[str, str] = {}
+RETOKENIZED = True
 TRANSCRIPT_TURN = re.compile(r"\n\n(Human|Assistant): ")
 
 

@@ -15,6 +15,7 @@ SIDES = ("ids",)
 PACKED = False
 LEARNS = False
 BESIDE = {"reference": "references.jsonl"}
+RETOKENIZED = True
 
 
 def convert(row: dict, fmt: str) -> dict:

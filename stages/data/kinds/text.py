@@ -11,6 +11,7 @@ SIDES = ("ids",)
 PACKED = True
 LEARNS = True
 BESIDE: dict[str, str] = {}
+RETOKENIZED = False
 
 
 def convert(row: dict, fmt: str) -> dict:
@@ -25,7 +26,7 @@ def lines(record: dict) -> list[tuple[str, str, bool]]:
 
 def tokenize(enc, records: list[dict]) -> list[dict]:
     return [{"ids": np.append(ids, enc.eos_token_id), "mask": np.ones(len(ids) + 1, dtype=np.uint8)}
-            for ids in enc.texts([r["text"] for r in records])]
+            for ids in enc.documents([r["text"] for r in records])]
 
 
 def heldout_docs(rows: list[dict], tok, context: int) -> list[dict]:

@@ -22,6 +22,7 @@ SIDES = ("ids",)
 PACKED = False
 LEARNS = True
 BESIDE = {"desirable": "desirable.jsonl"}
+RETOKENIZED = True
 METRICS = ("label_margin", "desirable_logprob", "undesirable_logprob")
 
 
