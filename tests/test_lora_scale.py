@@ -119,3 +119,21 @@ def test_plain_lora_does_not_run_peft_forward(monkeypatch):
         loss_and_grads(model)
     with pytest.raises(AssertionError, match="PEFT's forward ran"):
         loss_and_grads(model)
+
+
+def test_the_patched_forwards_trace_without_a_graph_break():
+    """Training compiles each decoder layer: a patched forward dynamo cannot trace would split
+    the layer's graph at every projection (two benchmark variants' functools.partial forwards did,
+    under the GPU image's torch 2.11). fullgraph=True raises on any break."""
+    model = lora_model()
+    attention = model.base_model.model.model.layers[0].self_attn
+    x = torch.randn(2, 5, CONFIG["hidden_size"], requires_grad=True)
+
+    def projections(x):
+        return attention.q_proj(x).sum() + attention.k_proj(x).sum() + attention.v_proj(x).sum()
+
+    eager = projections(x)
+    with scale_in_weight(model):
+        compiled = torch.compile(projections, fullgraph=True, backend="aot_eager")(x)
+    compiled.backward()
+    assert torch.allclose(compiled, eager, rtol=1e-5) and x.grad is not None
