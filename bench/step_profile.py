@@ -29,7 +29,9 @@ results committed before 2026-11-25 timed each step with a sync of its own):
                       the Trainer defaults; batches copied to the GPU without blocking
   trainer_mb4*        micro-batch 4 (one per step), alone, with the fused loss, with the loss
                       left eager (not compiled with the layers), with PEFT's cast of LoRA
-                      inputs to fp32 back on, or with the above
+                      inputs to fp32 back on, with one lora_A product per projection
+                      (trainer_mb4_separate_a: the baseline of A's product shared per input),
+                      or with the above
   trainer_mb4_log10, trainer_mb4_noclip, trainer_mb4_workers: where micro-batch 4 through the
                       trainer loses to the step loop (14.6k vs 15.4k tokens/s): a log (a host
                       sync) every 10 steps instead of every step, no gradient clipping (the
@@ -259,6 +261,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_ce": ({**BEST, "micro_batch_size": 4, "fused_cross_entropy": True}, {}),
     "trainer_mb4_eager_loss": ({**BEST, "micro_batch_size": 4}, {"eager_loss": True}),
     "trainer_mb4_input_cast": ({**BEST, "micro_batch_size": 4}, {"input_cast": True}),
+    "trainer_mb4_separate_a": ({**BEST, "micro_batch_size": 4}, {"share_inputs": False}),
     "trainer_cudagraphs": (BEST, {"cudagraphs": True}),
     "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"cudagraphs": True}),
     "trainer_cudagraphs_marked": (BEST, {"cudagraphs": True, "mark_steps": True}),
@@ -303,7 +306,8 @@ def idle_gaps(prof, least_us: float = 200.0) -> dict:
 def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
                 logging_steps: int = 1, cudagraphs: bool = False, mark_steps: bool = False,
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
-                eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0) -> dict:
+                eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
+                share_inputs: bool = True) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -312,7 +316,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from stages.model import numerics
     from stages.train import settings
     from stages.model.tiny import char_tokenizer
-    from stages.train.settings import training_context
+    from stages.train.settings import step_context
     from stages.train.methods import METHODS
     from stages.train.sft import make_trainer
     from stages.engine.recipe import TrainSection
@@ -392,7 +396,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         gc.freeze()
         gc.disable()
     try:  # as the checkpoint stage trains (BEST names no SDPA backend: input_cast leaves PEFT's cast on)
-        with nullcontext() if input_cast else training_context(trainer, plan):
+        with nullcontext() if input_cast else step_context(trainer.model, plan, trainer.args.bf16, share_inputs):
             trainer.train()
     except Exception as e:  # OOM, a compile mode that cannot run this graph: recorded
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}

@@ -1,6 +1,7 @@
-"""LoRA's scale in B's weight (stages/train/lora_scale.py): the same loss and gradients as PEFT's
-own forward, PEFT's forward wherever the case is not plain LoRA, and PEFT's modules as they were
-after. A tiny Qwen3 on the CPU with PEFT's real LoRA."""
+"""LoRA's scale in B's weight and A's product shared per input (stages/train/lora_scale.py): the
+same loss and gradients as PEFT's own forward (to the bit with one A product per projection,
+within rounding with them shared), PEFT's forward wherever the case is not plain LoRA, and
+PEFT's modules as they were after. A tiny Qwen3 on the CPU with PEFT's real LoRA."""
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -47,9 +48,33 @@ def assert_same(a, b, exact=True):
 def test_a_power_of_two_scale_gives_peft_values_to_the_bit():
     model = lora_model(alpha=8)  # scale 2: the default alpha = 2r
     peft = loss_and_grads(model)
-    with scale_in_weight(model):
+    with scale_in_weight(model, share_inputs=False):
         ours = loss_and_grads(model)
     assert_same(ours, peft)
+
+
+def test_a_shared_a_product_gives_peft_values_within_rounding():
+    """One lora_A matmul for q/k/v and one for gate/up: 2 groups a layer, each member's slice."""
+    from stages.train.lora_scale import groups
+
+    model = lora_model(alpha=8)
+    assert len(groups(model, [m for m in model.modules() if isinstance(m, Linear)])) == 5 * CONFIG["num_hidden_layers"]
+    peft = loss_and_grads(model)
+    with scale_in_weight(model):
+        ours = loss_and_grads(model)
+    assert_same(ours, peft, exact=False)
+
+
+def test_a_member_called_with_another_input_computes_its_own_product():
+    """A model whose q, k and v read different inputs still gets each projection's own values."""
+    model = lora_model()
+    attention = model.base_model.model.model.layers[0].self_attn
+    x, y = torch.randn(3, CONFIG["hidden_size"]), torch.randn(3, CONFIG["hidden_size"])
+    with torch.no_grad():
+        want = [attention.q_proj(x), attention.k_proj(y), attention.v_proj(y), attention.q_proj(y)]
+        with scale_in_weight(model):
+            got = [attention.q_proj(x), attention.k_proj(y), attention.v_proj(y), attention.q_proj(y)]
+    assert all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got, want))
 
 
 def test_any_scale_gives_peft_values_within_rounding():
@@ -65,11 +90,15 @@ def test_bf16_under_autocast_with_fp32_adapters_as_training_runs():
     assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if "lora_" in n)  # PEFT upcasts them
     with disable_input_dtype_casting(model), torch.autocast("cpu", dtype=torch.bfloat16):
         peft = loss_and_grads(model)
-        with scale_in_weight(model):
+        with scale_in_weight(model, share_inputs=False):
             x = torch.randn(3, CONFIG["hidden_size"], dtype=torch.bfloat16)
             assert {plain_lora(m, x, (), {}) for m in model.modules() if isinstance(m, Linear)} == {"default"}
             ours = loss_and_grads(model)
+        with scale_in_weight(model):
+            shared_loss, shared = loss_and_grads(model)
     assert_same(ours, peft)
+    assert abs(shared_loss - peft[0]) < 1e-2  # bf16: the input's gradient summed in another order
+    assert all((shared[k] - g).norm() <= 0.02 * g.norm() for k, g in peft[1].items())
 
 
 def test_peft_forward_where_the_case_is_not_plain_lora():

@@ -164,10 +164,11 @@ def fused_loss(model) -> None:
     apply(model=model, fused_linear_cross_entropy=True, **others)
 
 
-def step_context(model, plan: dict, bf16: bool = True):
+def step_context(model, plan: dict, bf16: bool = True, share_inputs: bool = True):
     """What every training step runs inside, in training and in the probe's measurements alike:
     the plan's SDPA backend; under bf16 autocast, LoRA inputs left in bf16; LoRA's scale in B's
-    weight (stages/train/lora_scale.py). PEFT keeps the adapters in fp32 and casts each input
+    weight and A's product shared per input (stages/train/lora_scale.py; share_inputs=False:
+    one A product per projection, bench/step_profile.py's baseline for it). PEFT keeps the adapters in fp32 and casts each input
     to fp32 (an fp32 copy of every projection's input); autocast casts it back to bf16 for the
     matmul, so the round trip changes no value. 8B LoRA micro-batch 4 on H100 through this
     trainer: 2.3 GiB less peak memory, the same speed (bench/step_profile.py
@@ -181,7 +182,7 @@ def step_context(model, plan: dict, bf16: bool = True):
     stack = ExitStack()
     stack.enter_context(sdpa_backend(plan["sdpa_backend"]))
     stack.enter_context(disable_input_dtype_casting(model, active=bf16))
-    stack.enter_context(scale_in_weight(model))
+    stack.enter_context(scale_in_weight(model, share_inputs))
     return stack
 
 
