@@ -1,4 +1,5 @@
-"""LoRA's scale applied to B's weight instead of to B's output.
+"""LoRA's scale applied to B's weight instead of to B's output, and A's product shared by the
+projections that read one input.
 
 PEFT computes a LoRA projection as base(x) + lora_B(lora_A(x)) * scaling. The product by the
 scale is a pass over the projection's whole output (N tokens x out features), and in the
@@ -13,8 +14,11 @@ within 4e-5 there, bf16 gradients within 2% in norm).
 
 The projections that read one input (q, k and v; gate and up) also share their lora_A product:
 one matmul over their A weights concatenated, each taking its slice (SharedInput). 8 compiled
-layers on an H200, three rounds of fresh processes: 0.5-2.1 ms less a step of about 140 ms
-(bench/results/lora_shared_input_h200_2026-11-29, call 2), same loss, same peak memory.
+layers on an H200, three rounds of fresh processes: 0.5-2.1 ms less a step of about 140 ms; the
+checkpoint stage's trainer at 36 layers, two pairs: 0.9-1.2% more tokens/s, same peak memory
+(bench/results/lora_shared_input_h200_2026-11-29, calls 2 and 3). The input's gradient is then
+one sum over the members' ranks, in another order than PEFT's: values within rounding of
+PEFT's, not to the bit (share_inputs=False gives the bit-exact path).
 
 PEFT's modules, parameters and saved adapter are untouched: inside scale_in_weight each PEFT
 LoRA Linear runs forward() below, which falls back to PEFT's own wherever the case is not plain
