@@ -155,7 +155,7 @@ class Encoder:
         pattern = render.control_pattern(self.tok)
         held = [pattern is not None and pattern.search(t) is not None for t in texts]
         out = iter(encode_texts(self.tok, [t for t, h in zip(texts, held) if not h]))
-        plain = render.text_tokenizer(self.tok)
+        plain = render.text_tokenizer(self.tok) if any(held) else None  # a copy, made only where needed
         return [np.array(plain.encode(t, add_special_tokens=False).ids, dtype=np.int32) if h else next(out)
                 for t, h in zip(texts, held)]
 
