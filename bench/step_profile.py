@@ -39,8 +39,16 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer_cudagraphs* the compiled layers under CUDA graphs (inductor's cudagraph trees, with
                       the layers' COMPILE_OPTIONS), marking each micro-batch a new graph step,
                       keeping gradients allocated
-Each variant runs in its own process; trainer variants also report where the GPU waited
-(gaps between kernels, charged to the host operation running).
+  trainer_mb4_cpp_wrapper, trainer_mb4_combo_kernels: the layers compiled with inductor's C++
+                      wrapper (kernels launched from C++, not Python) or its combo kernels
+                      (independent small kernels launched as one): the host's share of the step
+  trainer_mb4_skip_guards, trainer_mb4_combo_skip_guards: after the warm-up steps, dynamo's
+                      guards not evaluated (torch.compiler.set_stance's skip_guard_eval_unsafe),
+                      alone or with combo kernels
+Each variant runs in its own process; trainer variants also report where the GPU waited:
+every gap between its operations, split into the part before the host launched the next one
+(host-late, charged to the host operation launching it) and the part after (queued: the
+device's own latency between operations), and how many operations a step has.
 
 Prints, per variant, tokens/s, peak memory, and the share of the step the GPU was busy;
 for the first two, the top kernels by GPU time. Also measures the bf16 matmul peak.
@@ -252,6 +260,7 @@ def run(name: str, setting: dict, amp: bool, input_cast: bool, fp8: str | None =
     return result
 
 
+GRAPHS = {"triton.cudagraphs": True}
 TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's trainer
     "trainer": (BEST, {}),
     "trainer_trl_loss": (BEST, {"trl_loss": True}),
@@ -262,13 +271,17 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_eager_loss": ({**BEST, "micro_batch_size": 4}, {"eager_loss": True}),
     "trainer_mb4_input_cast": ({**BEST, "micro_batch_size": 4}, {"input_cast": True}),
     "trainer_mb4_separate_a": ({**BEST, "micro_batch_size": 4}, {"share_inputs": False}),
-    "trainer_cudagraphs": (BEST, {"cudagraphs": True}),
-    "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"cudagraphs": True}),
-    "trainer_cudagraphs_marked": (BEST, {"cudagraphs": True, "mark_steps": True}),
-    "trainer_mb4_cudagraphs_marked": ({**BEST, "micro_batch_size": 4}, {"cudagraphs": True, "mark_steps": True}),
-    "trainer_cudagraphs_grads": (BEST, {"cudagraphs": True, "mark_steps": True, "grads_kept": True}),
+    "trainer_cudagraphs": (BEST, {"compile_options": GRAPHS}),
+    "trainer_mb4_cudagraphs": ({**BEST, "micro_batch_size": 4}, {"compile_options": GRAPHS}),
+    "trainer_cudagraphs_marked": (BEST, {"compile_options": GRAPHS, "mark_steps": True}),
+    "trainer_mb4_cudagraphs_marked": ({**BEST, "micro_batch_size": 4}, {"compile_options": GRAPHS, "mark_steps": True}),
+    "trainer_cudagraphs_grads": (BEST, {"compile_options": GRAPHS, "mark_steps": True, "grads_kept": True}),
     "trainer_mb4_cudagraphs_grads": ({**BEST, "micro_batch_size": 4},
-                                     {"cudagraphs": True, "mark_steps": True, "grads_kept": True}),
+                                     {"compile_options": GRAPHS, "mark_steps": True, "grads_kept": True}),
+    "trainer_mb4_cpp_wrapper": (MB4, {"compile_options": {"cpp_wrapper": True}}),
+    "trainer_mb4_combo_kernels": (MB4, {"compile_options": {"combo_kernels": True}}),
+    "trainer_mb4_skip_guards": (MB4, {"skip_guards": True}),
+    "trainer_mb4_combo_skip_guards": (MB4, {"compile_options": {"combo_kernels": True}, "skip_guards": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
     "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
     "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
@@ -278,36 +291,74 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
 }
 
 
-def idle_gaps(prof, least_us: float = 200.0) -> dict:
-    """Where the GPU waits: each gap of at least `least_us` between kernels, charged to the
-    host operations running at its middle (outermost and innermost), summed in ms."""
-    import torch
+GPU_OPS = ("kernel", "gpu_memcpy", "gpu_memset")
 
-    events = prof.events()
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
-    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
-    outer, inner, total, end = {}, {}, 0.0, None
-    for start, stop in kernels:
-        if end is not None and start - end >= least_us:
-            middle, gap = (start + end) / 2, (start - end) / 1e3
-            total += gap
-            running = [e for e in host if e.time_range.start <= middle <= e.time_range.end]
-            if running:
-                longest = max(running, key=lambda e: e.time_range.end - e.time_range.start)
-                shortest = min(running, key=lambda e: e.time_range.end - e.time_range.start)
-                outer[longest.name[:80]] = outer.get(longest.name[:80], 0) + gap
-                inner[shortest.name[:80]] = inner.get(shortest.name[:80], 0) + gap
-        end = stop if end is None else max(end, stop)
-    top = lambda d: sorted(((k, round(v, 2)) for k, v in d.items()), key=lambda kv: -kv[1])[:12]
-    return {"gaps_ms": round(total, 2), "by_outer": top(outer), "by_inner": top(inner)}
+
+def gap_split(events: list) -> dict:
+    """Every gap between the GPU's operations in a profiler trace (its traceEvents), split in
+    two: host-late, the part before the host had launched the next operation (the GPU waited
+    for the host: launch overhead, a sync, Python), and queued, the part after (the device's own
+    latency between operations, which only fewer operations shorten). Host-late time is charged
+    to the operations the launching thread was in at the launch (outermost and innermost), and
+    to the thread. In ms; gpu_ops counts the GPU's operations."""
+    from bisect import bisect_right
+
+    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_OPS), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    ops: dict = {}  # per thread, host operations sorted by start
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ops.setdefault(e["tid"], []).append(e)
+    for found in ops.values():
+        found.sort(key=lambda e: e["ts"])
+    starts = {tid: [e["ts"] for e in found] for tid, found in ops.items()}
+
+    def enclosing(tid, ts: float) -> tuple:
+        found = ops.get(tid, [])
+        inside = [e for e in found[max(0, bisect_right(starts[tid], ts) - 64):bisect_right(starts[tid], ts)]
+                  if e["ts"] + e["dur"] >= ts]
+        outer = min(inside, key=lambda e: e["ts"])["name"][:80] if inside else "(none)"
+        inner = max(inside, key=lambda e: e["ts"])["name"][:80] if inside else "(none)"
+        return outer, inner
+
+    late = queued = 0.0
+    by = {"by_thread": {}, "by_outer": {}, "by_inner": {}}
+    end = None
+    for op in gpu:
+        if end is not None and op["ts"] > end:
+            gap = op["ts"] - end
+            launch = launches.get(op.get("args", {}).get("correlation"))
+            launched = launch["ts"] + launch["dur"] if launch else end
+            wait = min(gap, max(0.0, launched - end))
+            late, queued = late + wait, queued + gap - wait
+            if wait > 0:
+                outer, inner = enclosing(launch["tid"], launch["ts"])
+                for key, name in (("by_thread", str(names.get(launch["tid"], launch["tid"]))),
+                                  ("by_outer", outer), ("by_inner", inner)):
+                    by[key][name] = by[key].get(name, 0.0) + wait
+        end = op["ts"] + op["dur"] if end is None else max(end, op["ts"] + op["dur"])
+    top = lambda d: sorted(((k, round(v / 1e3, 2)) for k, v in d.items()), key=lambda kv: -kv[1])[:12]
+    return {"gpu_ops": len(gpu), "gaps_ms": round((late + queued) / 1e3, 2), "host_late_ms": round(late / 1e3, 2),
+            "queued_ms": round(queued / 1e3, 2), **{k: top(v) for k, v in by.items()}}
+
+
+def idle_gaps(prof) -> dict:
+    """gap_split of a finished profile (its trace written and read back: the trace is where
+    each GPU operation's launch is named)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        return gap_split(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"])
 
 
 def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
-                logging_steps: int = 1, cudagraphs: bool = False, mark_steps: bool = False,
+                logging_steps: int = 1, compile_options: dict | None = None, mark_steps: bool = False,
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
-                share_inputs: bool = True) -> dict:
+                share_inputs: bool = True, skip_guards: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -324,9 +375,9 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     numerics.training_mode()
     model = new_model("sdpa")
     settings.apply_settings(model, setting)
-    if cudagraphs:  # the layers compiled again, as they train, with inductor's CUDA graphs on
+    if compile_options:  # the layers compiled again, as they train, with more of inductor's options
         for layer in settings.decoder_layers(model):
-            layer.compile(options={**settings.COMPILE_OPTIONS, "triton.cudagraphs": True})
+            layer.compile(options={**settings.COMPILE_OPTIONS, **compile_options})
     if eager_loss:  # the loss as transformers runs it, not compiled with the layers
         from transformers.loss.loss_utils import LOSS_MAPPING
 
@@ -368,6 +419,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 for p in kwargs["model"].parameters():
                     if p.requires_grad and p.grad is None:
                         p.grad = torch.zeros_like(p)
+            if skip_guards and state.global_step == warmup:  # every graph compiled by now
+                torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
             if state.global_step in (warmup, steps - 2):
                 sync()
                 now = time.perf_counter()

@@ -20,11 +20,12 @@ SETTING = {"attn_implementation", "sdpa_backend", "rocm_fa_library", "gradient_c
            "compile", "fused_cross_entropy"}  # a plan's decisions
 
 
-def bench(name: str, *args, cwd: Path = REPO) -> str:
-    """`python -m bench.<name> *args` in cwd; its output, after checking it exited 0."""
+def bench(name: str, *args, cwd: Path = REPO, check: bool = True) -> str:
+    """`python -m bench.<name> *args` in cwd; its output, after checking it exited 0 (check=False:
+    that it did not)."""
     p = subprocess.run([sys.executable, "-m", f"bench.{name}", *map(str, args)], cwd=cwd, capture_output=True,
                        text=True, timeout=900, env={**os.environ, **NO_NETWORK})
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert (p.returncode == 0) == check, (p.stdout + p.stderr)[-4000:]
     return p.stdout + p.stderr
 
 
@@ -57,15 +58,28 @@ def test_train_speed_runs_trl_and_ours_with_the_loss_check(train_speed):
     """As train_speed_h200_2026-11-26_real_text_same_host_s1.json, less the TRL configurations that
     need a GPU (flex attention, Liger)."""
     r = fields(train_speed / "train_speed.json")
-    assert set(r) == {"shape", "max_length", "batch", "steps", "warmup", "workload", "gpus", "flops_per_token",
-                      "matmul_peak_tflops", "best_trl", "ours_decisions", "probe_seconds", "loss_max_abs_diff",
-                      "results"}
+    assert set(r) == {"shape", "max_length", "batch", "steps", "warmup", "workload", "gpus", "trl_run",
+                      "flops_per_token", "matmul_peak_tflops", "best_trl", "ours_decisions", "probe_seconds",
+                      "loss_max_abs_diff", "results"}
     assert set(r["results"]) == {"ours", "ours_safe", "trl_default", "trl_packed"}
+    assert r["trl_run"] == ["trl_default", "trl_packed"]
     for name, result in r["results"].items():
         assert set(result) == TIMED | {"mfu", "vs_best_trl"}, name
     assert set(r["ours_decisions"]) == SETTING
     assert set(r["workload"]) == {"rows", "rows_blake3", "tokenizer", "documents", "tokens", "length_median",
                                   "length_p90", "at_max_length"}
+
+
+def test_train_speed_runs_only_the_trl_configurations_named(train_speed, tmp_path):
+    """--trl: the short run (ours, ours_safe and the TRL configurations named, the best of those the
+    ratio's base); the work directory's finished configurations are kept, as a cut run's are."""
+    bench("train_speed", tmp_path / "short.json", "--tiny", "--work", train_speed / "work", "--trl", "trl_default")
+    r = fields(tmp_path / "short.json")
+    assert set(r["results"]) == {"ours", "ours_safe", "trl_default"} and r["trl_run"] == ["trl_default"]
+    assert r["best_trl"] == "trl_default" and r["results"]["trl_default"]["vs_best_trl"] == 1.0
+    out = bench("train_speed", tmp_path / "none.json", "--tiny", "--work", train_speed / "work", "--trl", "trl_fast",
+                check=False)
+    assert "--trl: no TRL configuration trl_fast here" in out and not (tmp_path / "none.json").exists()
 
 
 def test_compile_precision_trains_compiled_both_ways(train_speed, tmp_path):
@@ -89,14 +103,38 @@ def test_step_profile_times_the_step_loop_and_the_trainer(tmp_path):
     for name in ("best", "best_amp"):  # the first two variants are profiled in full
         assert set(r[name]) == {"tokens_per_s", "step_seconds", "peak_gib", "losses", "gpu_busy", "top_kernels",
                                 "top_host"}, r[name]
-    assert set(r["trainer"]) == {"tokens_per_s", "step_seconds", "peak_gib", "last_loss", "gpu_busy", "gaps_ms",
-                                 "by_outer", "by_inner"}, r["trainer"]
+    assert set(r["trainer"]) == {"tokens_per_s", "step_seconds", "peak_gib", "last_loss", "gpu_busy", "gpu_ops",
+                                 "gaps_ms", "host_late_ms", "queued_ms", "by_thread", "by_outer",
+                                 "by_inner"}, r["trainer"]
     parts = r["breakdown"]  # the eager step by part: every part found, the backward's operations included
     # (left unattributed, they would be about half of the step, under "other")
     assert all(parts["seconds"][p] > 0 for p in ("attention", "mlp", "lora", "norms_rope", "loss_head", "optimizer"))
     assert parts["share"]["other"] < 0.1 and abs(sum(parts["share"].values()) - 1) < 0.01
     on_gpu = fields(REPO / "bench" / "results" / "step_profile_breakdown_h100_2026-11-27.json")["breakdown"]
     assert set(parts) == set(on_gpu) and set(parts["seconds"]) == set(on_gpu["seconds"])
+
+
+def test_gap_split_charges_a_late_launch_to_the_host_and_a_queued_one_to_the_device():
+    """Three kernels: the second launched 30 us after the first ended (the GPU waited 30 of the
+    40 us gap for the host, inside a compiled layer's call), the third queued long before its
+    10 us gap."""
+    from bench.step_profile import gap_split
+
+    def op(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+    events = [{"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": "main"}},
+              op("cpu_op", "CompiledFunction", 0, 200), op("cpu_op", "aten::mm", 125, 10),
+              op("cuda_runtime", "cudaLaunchKernel", 1, 2, correlation=1),
+              op("cuda_runtime", "cudaLaunchKernel", 128, 2, correlation=2),
+              op("cuda_runtime", "cudaLaunchKernel", 131, 2, correlation=3),
+              op("kernel", "k1", 10, 90, tid=7, correlation=1),      # ends at 100
+              op("kernel", "k2", 140, 20, tid=7, correlation=2),     # launched by 130: 30 late, 10 queued
+              op("gpu_memset", "Memset", 170, 1, tid=7, correlation=3)]  # 10 queued
+    r = gap_split(events)
+    assert (r["gpu_ops"], r["gaps_ms"], r["host_late_ms"], r["queued_ms"]) == (3, 0.05, 0.03, 0.02)
+    assert r["by_thread"] == [("main", 0.03)]
+    assert r["by_outer"] == [("CompiledFunction", 0.03)] and r["by_inner"] == [("aten::mm", 0.03)]
 
 
 def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
