@@ -31,7 +31,10 @@ compile caches; the table comes at the end. With --gpus 0,1 configurations run t
 one per GPU of the host (each still measures one GPU; they share the host's CPUs), so a run
 takes about half as long.
 
-    python -m bench.train_speed [out.json] [--work DIR] [--gpus 0,1] [--rows FILE] [--tokenizer DIR]
+    python -m bench.train_speed [out.json] [--work DIR] [--gpus 0,1] [--rows FILE] [--tokenizer DIR] [--trl NAMES]
+
+--trl trl_flex_nogc_compile: of TRL's configurations only those named (a shorter run when device
+time is short; its ratio is against the best of those, recorded as trl_run).
 
 --tiny: the tiny recipe's model on the CPU in fp32, data/tiny's chat rows with its character
 tokenizer, 4 steps of 4 x 256 tokens; ours's decisions from bench/tiny.probe (the CUDA-only
@@ -66,12 +69,10 @@ TRL = ("trl_default", "trl_packed", "trl_flex", "trl_flex_nogc", "trl_flex_nogc_
 def use_tiny() -> None:
     """--tiny (the docstring says what it runs): set before anything is built, in every process."""
     global STEPS, WARMUP, LOSS_STEPS, PROBE_BUDGET, MAX_LENGTH, DOCS, DEVICE, DTYPE, SHAPE, LIGER, SAFE_SDPA, TRL
-    global CONFIGS
     STEPS, WARMUP, LOSS_STEPS, PROBE_BUDGET, MAX_LENGTH = 4, 1, 3, tiny.BUDGET, 256
     DOCS = STEPS * BATCH * 12
     DEVICE, DTYPE, SHAPE, LIGER, SAFE_SDPA = "cpu", "float32", tiny.SHAPE, False, "math"
     TRL = ("trl_default", "trl_packed")
-    CONFIGS = ("ours", "ours_safe", *reversed(TRL))
 
 
 def sync() -> None:
@@ -296,7 +297,6 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     return result
 
 
-CONFIGS = ("ours", "ours_safe", *reversed(TRL))  # in this order on one GPU; TRL's slowest to compile
 # first, so a second GPU takes them while ours runs
 
 
@@ -367,10 +367,11 @@ def run_configs(work: Path, gpus: list[str]) -> dict:
     with ThreadPoolExecutor(len(gpus)) as pool:
         for lane_done in [pool.submit(lane, gpu, i == 0) for i, gpu in enumerate(gpus)]:
             lane_done.result()  # a child that failed fails the run
-    return {name: json.loads((work / f"{name}.json").read_text()) for name in CONFIGS}
+    return {name: json.loads((work / f"{name}.json").read_text()) for name in ("ours", "ours_safe", *TRL)}
 
 
 def main() -> None:
+    global TRL
     import argparse
     import os
 
@@ -391,6 +392,8 @@ def main() -> None:
     ap.add_argument("--rows", type=Path, help="chat JSONL ({\"messages\": [...]} per line) instead of "
                     "bench/data_prep.py's real corpus (which reads ../shared/datasets)")
     ap.add_argument("--tokenizer", type=Path, default=REPO.parent / "shared" / "tokenizers" / "qwen3")
+    ap.add_argument("--trl", help="only these of TRL's configurations (comma-separated; default all): a "
+                    "shorter run, whose 'best TRL' is the best of these")
     ap.add_argument("--tiny", action="store_true", help="the tiny model on the CPU: a smoke test, not a measurement")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp())
@@ -398,6 +401,11 @@ def main() -> None:
     if args.tiny:
         use_tiny()
         args.rows, args.tokenizer = args.rows or tiny.CHAT, tiny.tokenizer_dir(work)
+    if args.trl:
+        unknown = set(args.trl.split(",")) - set(TRL)
+        if unknown:
+            ap.error(f"--trl: no TRL configuration {', '.join(sorted(unknown))} here (there are {', '.join(TRL)})")
+        TRL = tuple(name for name in TRL if name in args.trl.split(","))
     args.out = args.out or (tiny.results_path("train_speed.json") if args.tiny else
                             REPO / "bench" / "results" / "train_speed.json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -433,7 +441,8 @@ def main() -> None:
           f"({'within' if diff <= 0.05 else 'OUTSIDE'} bf16 tolerance 0.05); "
           f"ours {results['ours']['losses'][0]:.3f} -> {results['ours']['losses'][-1]:.3f}")
     args.out.write_text(json.dumps({"shape": SHAPE, "max_length": MAX_LENGTH, "batch": BATCH, "steps": STEPS,
-                                    "warmup": WARMUP, "workload": data, "gpus": args.gpus, "flops_per_token": flops,
+                                    "warmup": WARMUP, "workload": data, "gpus": args.gpus, "trl_run": list(TRL),
+                                    "flops_per_token": flops,
                                     "matmul_peak_tflops": round(peak, 1), "best_trl": best_trl,
                                     "ours_decisions": found["decisions"], "probe_seconds": found["probe_seconds"],
                                     "loss_max_abs_diff": diff, "results": results}, indent=1) + "\n")
