@@ -118,7 +118,6 @@ def test_gap_split_charges_a_late_launch_to_the_host_and_a_queued_one_to_the_dev
     """Three kernels: the second launched 30 us after the first ended (the GPU waited 30 of the
     40 us gap for the host, inside a compiled layer's call), the third queued long before its
     10 us gap."""
-    from bench.step_profile import gap_split
 
     def op(cat, name, ts, dur, tid=1, **args):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
@@ -131,7 +130,12 @@ def test_gap_split_charges_a_late_launch_to_the_host_and_a_queued_one_to_the_dev
               op("kernel", "k1", 10, 90, tid=7, correlation=1),      # ends at 100
               op("kernel", "k2", 140, 20, tid=7, correlation=2),     # launched by 130: 30 late, 10 queued
               op("gpu_memset", "Memset", 170, 1, tid=7, correlation=3)]  # 10 queued
-    r = gap_split(events)
+    # through the bench as a user runs it, from the repository root (bench/ is no installed package)
+    code = "import json, sys; from bench.step_profile import gap_split; print(json.dumps(gap_split(json.load(sys.stdin))))"
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, input=json.dumps(events), capture_output=True,
+                       text=True, timeout=120, env={**os.environ, **NO_NETWORK})
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = {k: [tuple(kv) for kv in v] if isinstance(v, list) else v for k, v in json.loads(p.stdout).items()}
     assert (r["gpu_ops"], r["gaps_ms"], r["host_late_ms"], r["queued_ms"]) == (3, 0.05, 0.03, 0.02)
     assert r["by_thread"] == [("main", 0.03)]
     assert r["by_outer"] == [("CompiledFunction", 0.03)] and r["by_inner"] == [("aten::mm", 0.03)]
