@@ -297,9 +297,6 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     return result
 
 
-# first, so a second GPU takes them while ours runs
-
-
 def run_one(name: str, work: Path) -> dict:
     """One configuration, in a process of its own: Liger patches transformers' Qwen3 classes
     for the whole process and training_mode() makes torch deterministic for the whole
@@ -402,10 +399,11 @@ def main() -> None:
         use_tiny()
         args.rows, args.tokenizer = args.rows or tiny.CHAT, tiny.tokenizer_dir(work)
     if args.trl:
-        unknown = set(args.trl.split(",")) - set(TRL)
+        named = args.trl.split(",")
+        unknown = set(named) - set(TRL)
         if unknown:
             ap.error(f"--trl: no TRL configuration {', '.join(sorted(unknown))} here (there are {', '.join(TRL)})")
-        TRL = tuple(name for name in TRL if name in args.trl.split(","))
+        TRL = tuple(name for name in TRL if name in named)
     args.out = args.out or (tiny.results_path("train_speed.json") if args.tiny else
                             REPO / "bench" / "results" / "train_speed.json")
     args.out.parent.mkdir(parents=True, exist_ok=True)
