@@ -45,6 +45,9 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer_mb4_skip_guards, trainer_mb4_combo_skip_guards: after the warm-up steps, dynamo's
                       guards not evaluated (torch.compiler.set_stance's skip_guard_eval_unsafe),
                       alone or with combo kernels
+  trainer_mb4_model_mask: no block mask from the collator (stages/train/document_mask.py):
+                      transformers finds the documents itself in each forward, as before
+                      2026-12-02 (the baseline of the collator's mask)
 Each variant runs in its own process; trainer variants also report where the GPU waited:
 every gap between its operations, split into the part before the host launched the next one
 (host-late, charged to the host operation launching it) and the part after (queued: the
@@ -282,6 +285,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_combo_kernels": (MB4, {"compile_options": {"combo_kernels": True}}),
     "trainer_mb4_skip_guards": (MB4, {"skip_guards": True}),
     "trainer_mb4_combo_skip_guards": (MB4, {"compile_options": {"combo_kernels": True}, "skip_guards": True}),
+    "trainer_mb4_model_mask": (MB4, {"model_mask": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
     "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
     "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
@@ -358,7 +362,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 logging_steps: int = 1, compile_options: dict | None = None, mark_steps: bool = False,
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
-                share_inputs: bool = True, skip_guards: bool = False) -> dict:
+                share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -389,6 +393,10 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     plan = {**setting, "device": train_speed.DEVICE, "dtype": train_speed.DTYPE, "processes": 1, "grad_accum": 4 // mb}
     trainer = make_trainer(METHODS["sft"], model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
     trainer.args.logging_steps = logging_steps
+    if model_mask:  # the collator's rows without flex's blocks: the model finds the documents itself
+        from stages.train.sft import collate
+
+        trainer.data_collator = collate
     if trl_loss:
         trainer.compute_loss = SFTTrainer.compute_loss.__get__(trainer)
     if mark_steps:  # each micro-batch a new CUDA graph step

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from stages.data import packed
+from stages.train import document_mask
 from stages.train.settings import peft_config, without_peft
 from stages.train.trainer import plan_args
 
@@ -25,11 +26,12 @@ def dataset(shards: Path, tok=None):
                               for k in ("input_ids", "labels", "position_ids")})
 
 
-def collate(rows):
-    """Packed rows are already full length: stack them. No attention mask, so the model
-    builds a causal mask per document from the restarting position ids. loss_rows: the
-    flattened positions whose next token is a target, and loss_targets those targets, found
-    here on the CPU so that selecting them on the GPU needs no host sync."""
+def collate(rows, document_blocks: bool = False):
+    """Packed rows are already full length: stack them. No attention mask: the model builds a
+    causal mask per document from the restarting position ids, or, with document_blocks, takes
+    flex attention's block mask from the blocks found here (stages/train/document_mask.py).
+    loss_rows: the flattened positions whose next token is a target, and loss_targets those
+    targets. Both found here on the CPU so that using them on the GPU needs no host sync."""
     import torch
 
     batch = {k: torch.tensor([r[k] for r in rows], dtype=torch.long)
@@ -37,6 +39,8 @@ def collate(rows):
     targets = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=packed.IGNORE).flatten()
     batch["loss_rows"] = (targets != packed.IGNORE).nonzero().squeeze(1)
     batch["loss_targets"] = targets[batch["loss_rows"]]
+    if document_blocks:
+        batch.update(document_mask.blocks(batch["position_ids"]))
     return batch
 
 
@@ -82,6 +86,8 @@ def model_loss_trainer(sft_trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs = dict(inputs)
             rows, targets = inputs.pop("loss_rows"), inputs.pop("loss_targets")
+            if document_mask.KEYS[0] in inputs:
+                inputs["attention_mask"] = document_mask.block_mask({k: inputs.pop(k) for k in document_mask.KEYS})
             if return_outputs or not self.head.usable:
                 return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
             inputs.pop("labels")
@@ -98,10 +104,15 @@ def model_loss_trainer(sft_trainer):
 
 
 def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
-    """SFTTrainer over packed rows, with the plan's batch shape."""
+    """SFTTrainer over packed rows, with the plan's batch shape; under flex attention, the
+    documents' block mask found by the collator."""
+    from functools import partial
+
     config, trainer = method.trl()
     args = config(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
+    blocks = document_mask.usable(without_peft(model).config, plan.get("attn_implementation"))
     run = model_loss_trainer(trainer)(model=model, args=args, train_dataset=train, processing_class=tok,
-                                      data_collator=collate, peft_config=peft_config(t, method.peft_task))
+                                      data_collator=partial(collate, document_blocks=blocks),
+                                      peft_config=peft_config(t, method.peft_task))
     run.head = TargetRowsHead(run.model)
     return run
