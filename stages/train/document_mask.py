@@ -9,9 +9,12 @@ checks them against flex's own create_block_mask and the model's output against 
 from __future__ import annotations
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 BLOCK = 128  # flex attention's default block size, the one transformers builds its masks with
-KEYS = ("documents", "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+BLOCK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+KEYS = ("documents",) + BLOCK_TENSORS
 
 
 def usable(config, attn_implementation: str) -> bool:
@@ -39,8 +42,11 @@ def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def blocks(position_ids: torch.Tensor) -> dict:
-    """The document ids and flex's key-block tensors of packed rows (batch x length), on the
-    device of position_ids (the CPU in the collator). Document ids never decrease along a row, so
+    """The document ids and flex's block tensors of packed rows (batch x length), on the
+    device of position_ids (the CPU in the collator): the key blocks of each query block, and the
+    query blocks of each key block for the backward, which BlockMask.from_kv_blocks derives here
+    (on the GPU its dozen eager operations would again run before the first layer, the GPU
+    idle: bench/results/document_mask_h200_2026-12-02). Document ids never decrease along a row, so
     an earlier key block meets a query block's documents only where its last document is the
     query block's first (partial), and is wholly inside it where its first document is the
     query block's last (full); a diagonal block is always partial (causal within it), and so is
@@ -55,22 +61,19 @@ def blocks(position_ids: torch.Tensor) -> dict:
     whole = torch.arange(n) * BLOCK + BLOCK <= length
     meets = earlier & (last.unsqueeze(1) == first.unsqueeze(2)) | (kv == q)
     full = earlier & (first.unsqueeze(1) == last.unsqueeze(2)) & whole.view(n, 1) & whole.view(1, n)
-    kv_num, kv_idx = ordered(meets & ~full)
-    full_num, full_idx = ordered(full)
-    return dict(zip(KEYS, (docs, kv_num, kv_idx, full_num, full_idx)))
+    found = BlockMask.from_kv_blocks(*ordered(meets & ~full), *ordered(full), BLOCK_SIZE=BLOCK,
+                                     seq_lengths=(length, length))
+    return {"documents": docs, **{name: getattr(found, name) for name in BLOCK_TENSORS}}
 
 
 def block_mask(tensors: dict):
     """The BlockMask of blocks()'s tensors (on the GPU by now): within the partial blocks, a key
     is seen where it is in the query's document and not after it."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     docs = tensors["documents"]
 
     def same_document_causal(b, h, q, kv):
         return (docs[b, q] == docs[b, kv]) & (kv <= q)
 
     length = docs.shape[1]
-    return BlockMask.from_kv_blocks(tensors["kv_num_blocks"], tensors["kv_indices"], tensors["full_kv_num_blocks"],
-                                    tensors["full_kv_indices"], BLOCK_SIZE=BLOCK, mask_mod=same_document_causal,
-                                    seq_lengths=(length, length))
+    return BlockMask(seq_lengths=(length, length), **{name: tensors[name] for name in BLOCK_TENSORS},
+                     BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=same_document_causal)
