@@ -18,12 +18,17 @@ KEYS = ("documents",) + BLOCK_TENSORS
 
 
 def usable(config, attn_implementation: str) -> bool:
-    """Whether a prebuilt document mask stands for what the model would build: flex attention,
-    and every layer attending to the whole causal past (a sliding-window layer needs its own
-    mask, which transformers would no longer build)."""
+    """Whether a prebuilt document mask stands for what the model would build: flex attention, a
+    text-only model (a composite one, Gemma 3's or Llama 4's, keeps its layers' settings in a
+    sub-config and may mask image tokens its own way), every layer attending to the whole causal
+    past (a sliding-window, chunked or bidirectional layer needs its own mask, which transformers
+    would no longer build), and no router loss (the MoE loss reads the attention mask as a tensor)."""
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (attn_implementation == "flex_attention" and set(layer_types) == {"full_attention"}
-            and not getattr(config, "sliding_window", None))
+    return (attn_implementation == "flex_attention" and config.get_text_config() is config
+            and set(layer_types) == {"full_attention"} and not getattr(config, "sliding_window", None)
+            and not getattr(config, "attention_chunk_size", None)
+            and not getattr(config, "use_bidirectional_attention", False) and getattr(config, "is_causal", True)
+            and not getattr(config, "output_router_logits", False))
 
 
 def documents(position_ids: torch.Tensor) -> torch.Tensor:
