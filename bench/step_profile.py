@@ -48,6 +48,10 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer_mb4_model_mask: no block mask from the collator (stages/train/document_mask.py):
                       transformers finds the documents itself in each forward, as before
                       2026-12-02 (the baseline of the collator's mask)
+  trainer_mb4_sum:    LoRA's outputs as the base's and the low-rank product's sum, as before
+                      lora_accumulate (stages/train/lora_scale.py; its baseline)
+  trainer_mb4_graphs_held: the layers under CUDA graphs, each micro-batch a new graph step, with
+                      the block mask's tensors held at one address (document_mask.Held)
 Each variant runs in its own process; trainer variants also report where the GPU waited:
 every gap between its operations, split into the part before the host launched the next one
 (host-late, charged to the host operation launching it) and the part after (queued: the
@@ -286,6 +290,8 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_skip_guards": (MB4, {"skip_guards": True}),
     "trainer_mb4_combo_skip_guards": (MB4, {"compile_options": {"combo_kernels": True}, "skip_guards": True}),
     "trainer_mb4_model_mask": (MB4, {"model_mask": True}),
+    "trainer_mb4_sum": (MB4, {"accumulate": False}),
+    "trainer_mb4_graphs_held": (MB4, {"compile_options": GRAPHS, "held_blocks": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
     "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
     "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
@@ -362,7 +368,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 logging_steps: int = 1, compile_options: dict | None = None, mark_steps: bool = False,
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
-                share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False) -> dict:
+                share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False,
+                accumulate: bool = True, held_blocks: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -397,6 +404,10 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         from stages.train.sft import collate
 
         trainer.data_collator = collate
+    if held_blocks:  # the block mask's tensors at one address every step, each micro-batch a new graph step
+        from stages.train.document_mask import Held
+
+        trainer.held_blocks = Held()
     if trl_loss:
         trainer.compute_loss = SFTTrainer.compute_loss.__get__(trainer)
     if mark_steps:  # each micro-batch a new CUDA graph step
@@ -457,7 +468,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         gc.freeze()
         gc.disable()
     try:  # as the checkpoint stage trains (BEST names no SDPA backend: input_cast leaves PEFT's cast on)
-        with nullcontext() if input_cast else step_context(trainer.model, plan, trainer.args.bf16, share_inputs):
+        with nullcontext() if input_cast else step_context(trainer.model, plan, trainer.args.bf16, share_inputs,
+                                                                   accumulate):
             trainer.train()
     except Exception as e:  # OOM, a compile mode that cannot run this graph: recorded
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}

@@ -166,3 +166,98 @@ def test_the_patched_forwards_trace_without_a_graph_break():
         compiled = torch.compile(projections, fullgraph=True, backend="aot_eager")(x)
     compiled.backward()
     assert torch.allclose(compiled, eager, rtol=1e-5) and x.grad is not None
+
+
+def test_accumulated_outputs_give_peft_values_within_rounding():
+    """Every projection through lora_accumulate (the low-rank product first, the base product
+    added into it; in the backward, the base gradients added into the low-rank one): q/k/v and
+    gate/up as groups, o and down alone."""
+    from stages.train import lora_scale
+    from stages.train.lora_scale import groups
+
+    model = lora_model(alpha=5)
+    modules = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(groups(model, modules, accumulate=True)) == 7 * CONFIG["num_hidden_layers"]
+    peft = loss_and_grads(model)
+    calls = []
+    op = lora_scale.lora_accumulate
+
+    def counted(*args):
+        calls.append(len(args[1]))
+        return op(*args)
+    lora_scale.lora_accumulate = counted
+    try:
+        with scale_in_weight(model, accumulate=True):
+            ours = loss_and_grads(model)
+    finally:
+        lora_scale.lora_accumulate = op
+    assert sorted(calls) == sorted([3, 2, 1, 1] * CONFIG["num_hidden_layers"])
+    assert_same(ours, peft, exact=False)
+
+
+def test_accumulated_outputs_in_bf16_under_autocast():
+    model = lora_model(dtype=torch.bfloat16)
+    with disable_input_dtype_casting(model), torch.autocast("cpu", dtype=torch.bfloat16):
+        peft = loss_and_grads(model)
+        with scale_in_weight(model, accumulate=True):
+            loss, grads = loss_and_grads(model)
+    assert abs(loss - peft[0]) < 1e-2  # bf16: each base product added into a rounded low-rank one
+    assert all((grads[k] - g).norm() <= 0.03 * g.norm() for k, g in peft[1].items())
+
+
+def test_accumulate_leaves_what_it_cannot_compute_as_peft_would():
+    """A base with a bias (attention_bias), a base in another dtype than the input: the shared
+    or plain path, with PEFT's values."""
+    from stages.train.lora_scale import accumulable
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(Qwen3Config(**CONFIG, attention_bias=True))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.1)
+    attention = model.base_model.model.model.layers[0].self_attn
+    x = torch.randn(3, CONFIG["hidden_size"])
+    up = model.base_model.model.model.layers[0].mlp.up_proj
+    assert not accumulable(attention.q_proj, "default", x) and not accumulable(up, "default", x.double())
+    assert accumulable(up, "default", x)
+    peft = loss_and_grads(model)
+    with scale_in_weight(model, accumulate=True):
+        ours = loss_and_grads(model)
+    assert_same(ours, peft, exact=False)
+
+
+def test_the_accumulating_op_is_a_sound_custom_op():
+    """torch.library.opcheck: its fake (meta) outputs, its autograd formula against numerical
+    gradients and its registration as torch.compile sees it; an output left out of the loss
+    (gradient None) counts as zero."""
+    from stages.train.lora_scale import lora_accumulate
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    weights = [torch.randn(5, 8, dtype=torch.float64, generator=g), torch.randn(3, 8, dtype=torch.float64, generator=g)]
+    a = torch.randn(4, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    bs = [torch.randn(5, 2, dtype=torch.float64, generator=g, requires_grad=True),
+          torch.randn(3, 2, dtype=torch.float64, generator=g, requires_grad=True)]
+    torch.library.opcheck(lora_accumulate, (x, weights, a, bs))
+    first, second, h = lora_accumulate(x, weights, a, bs)
+    torch.testing.assert_close(first, x @ weights[0].t() + (x @ a[:2].t()) @ bs[0].t())
+    torch.testing.assert_close(second, x @ weights[1].t() + (x @ a[2:].t()) @ bs[1].t())
+    first.sum().backward()
+    want = torch.autograd.grad((x @ weights[0].t() + (x @ a[:2].t()) @ bs[0].t()).sum(), (x, a))
+    torch.testing.assert_close(x.grad, want[0])
+    torch.testing.assert_close(a.grad, want[1])
+    assert torch.equal(bs[1].grad, torch.zeros_like(bs[1]))
+
+
+def test_accumulate_traces_without_a_graph_break():
+    model = lora_model()
+    mlp = model.base_model.model.model.layers[0].mlp
+    x = torch.randn(2, 5, CONFIG["hidden_size"], requires_grad=True)
+    eager = mlp(x)
+    with scale_in_weight(model, accumulate=True):
+        compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    compiled.sum().backward()
+    assert x.grad is not None

@@ -164,7 +164,7 @@ def fused_loss(model) -> None:
     apply(model=model, fused_linear_cross_entropy=True, **others)
 
 
-def step_context(model, plan: dict, bf16: bool = True, share_inputs: bool = True):
+def step_context(model, plan: dict, bf16: bool = True, share_inputs: bool = True, accumulate: bool = True):
     """What every training step runs inside, in training and in the probe's measurements alike:
     the plan's SDPA backend; under bf16 autocast, LoRA inputs left in bf16; LoRA's scale in B's
     weight and A's product shared per input (stages/train/lora_scale.py; share_inputs=False:
@@ -182,7 +182,7 @@ def step_context(model, plan: dict, bf16: bool = True, share_inputs: bool = True
     stack = ExitStack()
     stack.enter_context(sdpa_backend(plan["sdpa_backend"]))
     stack.enter_context(disable_input_dtype_casting(model, active=bf16))
-    stack.enter_context(scale_in_weight(model, share_inputs))
+    stack.enter_context(scale_in_weight(model, share_inputs, accumulate))
     return stack
 
 
