@@ -51,7 +51,10 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer_mb4_sum:    LoRA's outputs as the base's and the low-rank product's sum, as before
                       lora_accumulate (stages/train/lora_scale.py; its baseline)
   trainer_mb4_graphs_held: the layers under CUDA graphs, each micro-batch a new graph step, with
-                      the block mask's tensors held at one address (document_mask.Held)
+                      the block mask's tensors copied to one address each step: cudagraph trees
+                      take tensors reached through an argument's attributes (the BlockMask's) to
+                      stay where they were recorded, and new ones made them record every graph
+                      again in every step (bench/results/lora_accumulate_h200_2026-12-02)
 Each variant runs in its own process; trainer variants also report where the GPU waited:
 every gap between its operations, split into the part before the host launched the next one
 (host-late, charged to the host operation launching it) and the part after (queued: the
@@ -404,10 +407,22 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         from stages.train.sft import collate
 
         trainer.data_collator = collate
-    if held_blocks:  # the block mask's tensors at one address every step, each micro-batch a new graph step
-        from stages.train.document_mask import Held
+    if held_blocks:  # each micro-batch a new graph step, the block mask's tensors copied to one address per shape
+        from stages.train.document_mask import KEYS
 
-        trainer.held_blocks = Held()
+        held, compute_loss = {}, trainer.compute_loss
+
+        def held_loss(model, inputs, *args, **kwargs):
+            torch.compiler.cudagraph_mark_step_begin()
+            if KEYS[0] not in inputs:  # no block mask (not flex attention: the CPU's smoke run)
+                return compute_loss(model, inputs, *args, **kwargs)
+            shapes = tuple(tuple(inputs[k].shape) for k in KEYS)
+            if shapes not in held:
+                held[shapes] = {k: torch.empty_like(inputs[k]) for k in KEYS}
+            for k in KEYS:
+                held[shapes][k].copy_(inputs[k])
+            return compute_loss(model, {**inputs, **held[shapes]}, *args, **kwargs)
+        trainer.compute_loss = held_loss
     if trl_loss:
         trainer.compute_loss = SFTTrainer.compute_loss.__get__(trainer)
     if mark_steps:  # each micro-batch a new CUDA graph step

@@ -82,23 +82,3 @@ def block_mask(tensors: dict):
     length = docs.shape[1]
     return BlockMask(seq_lengths=(length, length), **{name: tensors[name] for name in BLOCK_TENSORS},
                      BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=same_document_causal)
-
-
-class Held:
-    """The block tensors copied into tensors of their own, one set per shape, that every step
-    reuses. CUDA graphs (inductor's cudagraph trees) take a tensor reached through an argument's
-    attributes, as the BlockMask's are, to stay where it was recorded: a new mask's tensors at
-    new addresses each step made the compiled layers record their graphs again in every step,
-    8x slower (bench/results/lora_accumulate_h200_2026-12-02, call 2)."""
-
-    def __init__(self):
-        self.held = {}
-
-    def __call__(self, tensors: dict) -> dict:
-        shapes = tuple((k, tuple(tensors[k].shape), tensors[k].device) for k in KEYS)
-        if shapes not in self.held:
-            self.held[shapes] = {k: torch.empty_like(tensors[k]) for k in KEYS}
-        held = self.held[shapes]
-        for k in KEYS:
-            held[k].copy_(tensors[k])
-        return held

@@ -80,21 +80,14 @@ def model_loss_trainer(sft_trainer):
     (TargetRowsHead). TRL's default runs its chunked LM head instead, which also computes
     entropy and token accuracy for the logs: three host syncs and extra passes over the
     vocabulary per micro-batch (bench/step_profile.py times both)."""
-    import torch
     from transformers import Trainer
 
     class ModelLossSFTTrainer(sft_trainer):
-        held_blocks = None  # a document_mask.Held under CUDA graphs
-
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs = dict(inputs)
             rows, targets = inputs.pop("loss_rows"), inputs.pop("loss_targets")
             if document_mask.KEYS[0] in inputs:
-                blocks = {k: inputs.pop(k) for k in document_mask.KEYS}
-                if self.held_blocks is not None:
-                    torch.compiler.cudagraph_mark_step_begin()
-                    blocks = self.held_blocks(blocks)
-                inputs["attention_mask"] = document_mask.block_mask(blocks)
+                inputs["attention_mask"] = document_mask.block_mask({k: inputs.pop(k) for k in document_mask.KEYS})
             if return_outputs or not self.head.usable:
                 return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
             inputs.pop("labels")
