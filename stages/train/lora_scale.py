@@ -225,6 +225,7 @@ def groups(model, modules: list, accumulate: bool = False) -> dict:
 
 
 def group_forwards(members: list, name: str, accumulate: bool) -> dict:
+    """Each member of one SharedInput -> its forward, with its slice of the group's ranks."""
     group, start, found = SharedInput(members, accumulate), 0, {}
     for index, m in enumerate(members):
         stop = start + m.lora_A[name].out_features

@@ -167,8 +167,9 @@ def fused_loss(model) -> None:
 def step_context(model, plan: dict, bf16: bool = True, share_inputs: bool = True, accumulate: bool = True):
     """What every training step runs inside, in training and in the probe's measurements alike:
     the plan's SDPA backend; under bf16 autocast, LoRA inputs left in bf16; LoRA's scale in B's
-    weight and A's product shared per input (stages/train/lora_scale.py; share_inputs=False:
-    one A product per projection, bench/step_profile.py's baseline for it). PEFT keeps the adapters in fp32 and casts each input
+    weight, A's product shared per input and the base product added into LoRA's by cuBLAS
+    (stages/train/lora_scale.py; share_inputs=False: one A product per projection, and
+    accumulate=False: the two products summed, bench/step_profile.py's baselines). PEFT keeps the adapters in fp32 and casts each input
     to fp32 (an fp32 copy of every projection's input); autocast casts it back to bf16 for the
     matmul, so the round trip changes no value. 8B LoRA micro-batch 4 on H100 through this
     trainer: 2.3 GiB less peak memory, the same speed (bench/step_profile.py
