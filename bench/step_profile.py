@@ -294,7 +294,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_combo_skip_guards": (MB4, {"compile_options": {"combo_kernels": True}, "skip_guards": True}),
     "trainer_mb4_model_mask": (MB4, {"model_mask": True}),
     "trainer_mb4_sum": (MB4, {"accumulate": False}),
-    "trainer_mb4_graphs_held": (MB4, {"compile_options": GRAPHS, "held_blocks": True}),
+    "trainer_mb4_graphs_held": (MB4, {"compile_options": GRAPHS, "mark_steps": True, "held_blocks": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
     "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
     "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
@@ -407,13 +407,12 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
         from stages.train.sft import collate
 
         trainer.data_collator = collate
-    if held_blocks:  # each micro-batch a new graph step, the block mask's tensors copied to one address per shape
+    if held_blocks:  # the block mask's tensors copied to one address per shape
         from stages.train.document_mask import KEYS
 
         held, compute_loss = {}, trainer.compute_loss
 
         def held_loss(model, inputs, *args, **kwargs):
-            torch.compiler.cudagraph_mark_step_begin()
             if KEYS[0] not in inputs:  # no block mask (not flex attention: the CPU's smoke run)
                 return compute_loss(model, inputs, *args, **kwargs)
             shapes = tuple(tuple(inputs[k].shape) for k in KEYS)

@@ -25,7 +25,7 @@ one op, lora_accumulate: the low-rank product first, then the frozen base produc
 it by cuBLAS's epilogue, and in the backward the base's input gradients added into the
 low-rank one the same way. The sum is then no pass of its own over the output, nor over the
 input's gradient. Through the checkpoint stage's trainer, 36 Qwen3-8B layers on an H200, two
-pairs of fresh processes: 7.5 and 15 ms less a step of about 500 ms; 8 layers, kernel time
+pairs of fresh processes on synthetic packed batches: 7.5 and 15 ms less a step of about 500 ms; 8 layers, kernel time
 1.56 ms less a step (bench/results/lora_accumulate_h200_2026-12-02). Each base product's bf16
 result is rounded once more than PEFT's sum (gradients within about 1.5% in norm). A base that
 is not a plain bias-free nn.Linear in the input's dtype (QLoRA's quantized one, a biased q/k/v)
@@ -41,6 +41,7 @@ projection under torch 2.11).
 from __future__ import annotations
 
 from contextlib import contextmanager
+import itertools
 from types import MethodType
 
 import torch
@@ -146,8 +147,10 @@ class SharedInput:
     model whose projections read different inputs) computes the product again: slower, never
     wrong."""
 
-    def __init__(self, members: list, accumulate: bool = False):
+    def __init__(self, members: list, name: str, accumulate: bool = False):
         self.members, self.accumulate = members, accumulate
+        ends = list(itertools.accumulate(m.lora_A[name].out_features for m in members))
+        self.ranks = list(zip([0] + ends[:-1], ends))  # each member's slice of the stacked A product
         self.x = self.h = None
         self.taken = 0
 
@@ -157,12 +160,13 @@ class SharedInput:
             self.x = self.h = None
         return found
 
-    def lora_a(self, module, name: str, x: Tensor, start: int, stop: int) -> Tensor:
+    def lora_a(self, module, name: str, x: Tensor, index: int) -> Tensor:
         if self.x is not x:
             if any(plain_lora(m, x, (), {}) != name for m in self.members):
                 return module.lora_A[name](x)
             a = torch.cat([m.lora_A[name].weight for m in self.members])
             self.x, self.h, self.taken = x, torch.nn.functional.linear(x, a), 0
+        start, stop = self.ranks[index]
         return self.take(self.h[..., start:stop])
 
     def output(self, name: str, x: Tensor, index: int) -> Tensor | None:
@@ -178,8 +182,7 @@ class SharedInput:
         return self.take(self.h[index].view(*x.shape[:-1], -1))
 
 
-def forward(module, x: Tensor, *args, group: SharedInput | None = None, start: int = 0, stop: int = 0,
-            index: int = 0, **kwargs) -> Tensor:
+def forward(module, x: Tensor, *args, group: SharedInput | None = None, index: int = 0, **kwargs) -> Tensor:
     """A PEFT LoRA Linear's forward with the scale in B's weight and, in a group, A's product
     shared or the whole output accumulated (PEFT's own where plain_lora says no)."""
     name = plain_lora(module, x, args, kwargs)
@@ -191,15 +194,15 @@ def forward(module, x: Tensor, *args, group: SharedInput | None = None, start: i
             return out
         group = None
     result = module.base_layer(x)
-    h = group.lora_a(module, name, x, start, stop) if group is not None else module.lora_A[name](x)
+    h = group.lora_a(module, name, x, index) if group is not None else module.lora_A[name](x)
     b = module.lora_B[name].weight * module.scaling[name]
     return (result + torch.nn.functional.linear(h, b)).to(result.dtype)
 
 
-def member_forward(group: SharedInput, start: int, stop: int, index: int):
+def member_forward(group: SharedInput, index: int):
     """A group member's forward, as a closure."""
     def member(module, x: Tensor, *args, **kwargs) -> Tensor:
-        return forward(module, x, *args, group=group, start=start, stop=stop, index=index, **kwargs)
+        return forward(module, x, *args, group=group, index=index, **kwargs)
     return member
 
 
@@ -225,13 +228,9 @@ def groups(model, modules: list, accumulate: bool = False) -> dict:
 
 
 def group_forwards(members: list, name: str, accumulate: bool) -> dict:
-    """Each member of one SharedInput -> its forward, with its slice of the group's ranks."""
-    group, start, found = SharedInput(members, accumulate), 0, {}
-    for index, m in enumerate(members):
-        stop = start + m.lora_A[name].out_features
-        found[m] = member_forward(group, start, stop, index)
-        start = stop
-    return found
+    """Each member of one SharedInput -> its forward."""
+    group = SharedInput(members, name, accumulate)
+    return {m: member_forward(group, index) for index, m in enumerate(members)}
 
 
 @contextmanager
