@@ -114,6 +114,32 @@ def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, t
     assert pointer(project) == pointer(built)  # resumed == uninterrupted, byte for byte
 
 
+USR1_TWICE = """
+import faulthandler, os, signal, threading, time
+from stages.train.distributed import stacks_on_usr1
+stacks_on_usr1()
+threading.Thread(target=time.sleep, args=(5,), daemon=True).start()  # a thread started later, as gloo's are
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.5)
+faulthandler.unregister(signal.SIGUSR1)  # what the interpreter does as it exits
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.5)
+print("went on")
+"""
+
+
+def test_sigusr1_is_taken_by_one_waiting_thread_and_ignored_once_faulthandler_lets_go():
+    """The signal lands in the thread that only waits for it, never in the main thread or one
+    started later (where it could cut short a system call), and one that comes after faulthandler
+    has given it back (the interpreter exiting) does not end the process."""
+    done = subprocess.run([sys.executable, "-c", USR1_TWICE], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "went on\n", (done.returncode, done.stderr[-3000:])
+    threads = done.stderr.split("\n\n")
+    current = [t for t in threads if t.startswith("Current thread")]
+    assert len(current) == 1 and " in take" in current[0], done.stderr[-3000:]
+    assert any("<module>" in t for t in threads if t.startswith("Thread")), done.stderr[-3000:]  # the main thread, listed
+
+
 def test_sigusr1_prints_each_training_process_stacks_and_training_goes_on(trained, tmp_path):
     """`kill -USR1` of a training process mid-run (what to do when one seems stuck): every
     thread's stack goes to the stage log, and the build ends with the bytes of one never
@@ -136,7 +162,9 @@ def test_sigusr1_prints_each_training_process_stacks_and_training_goes_on(traine
                     signalled += 1
             except psutil.NoSuchProcess:
                 pass
-        assert build.wait(300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
+        failed = project / "artifacts" / "store" / "checkpoint"
+        assert build.wait(300) == 0, ((tmp_path / "out.txt").read_text()[-3000:],
+                                      [f.read_text()[-3000:] for f in failed.glob("*.failed.log")])
     assert signalled == 2
     key = json.loads((project / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["key"]
     log = (project / "artifacts" / "store" / "checkpoint" / f"{key}.log").read_text()

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from stages.engine.errors import UserError
@@ -82,18 +83,35 @@ def failed(processes: int, code: int, plan: dict, out_of_memory: bool) -> str:
     return line
 
 
+def stacks_on_usr1() -> None:
+    """`kill -USR1 <pid>` of a training process: every thread's stack into the stage log, and it
+    goes on; what a process that seems stuck is doing. faulthandler writes them from its C handler,
+    without the GIL, so a process stuck holding it still answers. The signal is blocked in every
+    thread but one that only waits for it (threads started later inherit the block), so it never
+    interrupts a system call in gloo's, NCCL's or the autograd engine's threads; and one that comes
+    while the interpreter exits, when faulthandler gives the signal back, is ignored rather than
+    ending the process with the signal's default action. Call it from the main thread first."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # what faulthandler restores at exit
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+    def take() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        threading.Event().wait()
+
+    threading.Thread(target=take, name="takes SIGUSR1", daemon=True).start()
+
+
 def main(spec_path: str) -> None:
     """One process (of torchrun's, or launch()'s only one): fit() with the spec the stage wrote;
     rank 0 records the run figures."""
+    stacks_on_usr1()  # before importing torch, which may start threads
     import torch
 
     from stages.engine.recipe import TrainSection
     from stages.train import trainer
     from stages.train.methods import METHODS
 
-    # `kill -USR1 <pid>` of a training process: every thread's stack into the stage log, and it goes
-    # on; what a process that seems stuck is doing
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", 0))  # absent: launch()'s single process, without torchrun
     if torch.cuda.is_available() and spec["plan"]["device"] == "cuda" and "LOCAL_RANK" in os.environ:
