@@ -55,6 +55,10 @@ def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
         command = [sys.executable, "-m", "stages.train.distributed", str(work / "spec.json")]
         log.info("training in one process on GPU %s: %s", env["CUDA_VISIBLE_DEVICES"], " ".join(command))
     else:
+        # torchrun sets one CPU thread a process only when a node runs several; set it for one a
+        # node too, since the thread count changes CPU reductions' bits: the same plan over one
+        # node or several then writes the same bytes
+        env.setdefault("OMP_NUM_THREADS", "1")
         command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(), "--nproc-per-node",
                    str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
         log.info("training in %d processes: %s", processes, " ".join(command))
