@@ -18,7 +18,7 @@ import time
 import pytest
 from safetensors import safe_open
 
-from conftest import NO_NETWORK, REPO, copy_project, doit
+from conftest import NO_NETWORK, REPO, doit
 from test_pipeline import artifact
 
 STEPS = 6
@@ -32,10 +32,12 @@ def recipe(gpus: int, base: str = "tiny") -> str:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(built, tmp_path_factory):
     """A project with tiny and tiny_lora trained in 1 and in 2 processes (tiny_gpus1, tiny_gpus2,
-    tiny_lora_gpus1, tiny_lora_gpus2: same model, data, seed and global batch)."""
-    project = copy_project(tmp_path_factory.mktemp("distributed"))
+    tiny_lora_gpus1, tiny_lora_gpus2: same model, data, seed and global batch). A copy of the
+    session's built project: tiny's base and shards are theirs, and tiny's checkpoint GRPO's."""
+    project = tmp_path_factory.mktemp("distributed") / "proj"
+    shutil.copytree(built, project, symlinks=True)
     runs = {}
     for base in ("tiny", "tiny_lora"):
         for gpus in (1, 2):
@@ -256,7 +258,8 @@ def method_recipe(base: str, gpus: int, steps: int) -> str:
 def methods(trained):
     """DPO (6 steps) and GRPO (4 steps, from tiny's SFT model) trained in 1 and in 2 processes."""
     project, _ = trained
-    assert doit(project, "checkpoint:tiny").rc == 0  # GRPO's starting model
+    run = doit(project, "checkpoint:tiny")  # GRPO's starting model, in the store since `built`
+    assert run.rc == 0 and run.ran == [], run.out[-3000:]
     for base, steps in (("tiny_dpo", 6), ("tiny_grpo", 4)):
         for gpus in (1, 2):
             name = f"{base}_gpus{gpus}"
