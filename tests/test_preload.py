@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,15 @@ def gone(pid: int, within: float) -> bool:
     return False
 
 
+def unbuilt(project: Path, *stages: str) -> Path:
+    """The project without tiny's `stages` (store objects and pointers), to build them again."""
+    for stage in stages:
+        key = json.loads((project / "artifacts" / "tiny" / f"{stage}.json").read_text())["key"]
+        shutil.rmtree(project / "artifacts" / "store" / stage / key)
+        (project / "artifacts" / "tiny" / f"{stage}.json").unlink()
+    return project
+
+
 def test_the_imports_start_with_the_last_stage_the_first_preloading_one_reads():
     quark = ["stages.model.quark", "quark.torch", "peft"]
     every = quark + ["lm_eval.evaluator", "lm_eval.models.huggingface", "lm_eval.tasks"]
@@ -70,16 +80,18 @@ def test_preloaded_stages_build_in_the_worker_to_the_same_bytes(fresh, built):
     assert gone(worker, within=5)  # it ends with the run
 
 
-def test_the_worker_ends_with_the_run_killed_alone(fresh):
+def test_the_worker_ends_with_the_run_killed_alone(warm):
     """kill -9 of doit alone (not its process group) ends the worker building quantized, which
-    would otherwise build on with nobody to take its work."""
+    would otherwise build on with nobody to take its work. (From the built project less what
+    comes after training: the worker is what is killed here, not the stages before it.)"""
+    unbuilt(warm, "quantized", "eval", "manifest")
     env = {**os.environ, **NO_NETWORK, **ALWAYS}
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "manifest:tiny"], cwd=fresh, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "manifest:tiny"], cwd=warm, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline, worker = time.time() + 300, None
         while worker is None and time.time() < deadline and proc.poll() is None:
-            tmp = [m for p in (fresh / "artifacts" / "store").glob("quantized/.tmp-*")
+            tmp = [m for p in (warm / "artifacts" / "store").glob("quantized/.tmp-*")
                    if (m := re.fullmatch(r"\.tmp-[0-9a-f]+-(\d+)", p.name))]  # its dir, named by the pid building it
             worker = int(tmp[0].group(1)) if tmp else None
             time.sleep(0.01)
@@ -93,7 +105,7 @@ def test_the_worker_ends_with_the_run_killed_alone(fresh):
         except ProcessLookupError:
             pass
         proc.wait()
-    assert not (fresh / "artifacts" / "tiny" / "quantized.json").exists()
+    assert not (warm / "artifacts" / "tiny" / "quantized.json").exists()
 
 
 def test_a_preload_switch_it_does_not_know_is_one_line(fresh):
@@ -127,8 +139,10 @@ def test_the_worker_builds_from_the_recipe_the_run_computed_its_key_from(fresh, 
     proc = subprocess.Popen([sys.executable, "-m", "doit", "manifest:tiny"], cwd=fresh, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while not list((fresh / "artifacts" / "store").glob("checkpoint/.tmp-*")) and time.time() < deadline:
+    while not list((fresh / "artifacts" / "store").glob("checkpoint/.tmp-*")) and time.time() < deadline \
+            and proc.poll() is None:  # a build that ended (or failed) before training is not waited on for 300 s
         time.sleep(0.01)
+    assert proc.poll() is None, "the build ended before training started: the test did not test"
     recipe = fresh / "recipes" / "tiny.yaml"
     recipe.write_text(recipe.read_text().replace("calibration_sequences: 8", "calibration_sequences: 4"))
     assert proc.wait(timeout=600) == 0
