@@ -88,19 +88,23 @@ def built(tmp_path_factory) -> Path:
     return project
 
 
+def copy_built(built: Path, parent: Path) -> Path:
+    """A private copy of the built project, store and all, at parent/proj."""
+    dest = parent / "proj"
+    shutil.copytree(built, dest, symlinks=True)
+    return dest
+
+
 @pytest.fixture
 def warm(built, tmp_path) -> Path:
     """A private copy of the built project, store and all."""
-    dest = tmp_path / "proj"
-    shutil.copytree(built, dest, symlinks=True)
-    return dest
+    return copy_built(built, tmp_path)
 
 
 def build_beside(built: Path, tmp_path_factory, recipe: str) -> tuple[Path, Run]:
     """A copy of the built project (tiny in its store) with `recipe` built too (hash seed 1):
     for module fixtures of recipes that share tiny's early stages."""
-    project = tmp_path_factory.mktemp(recipe) / "proj"
-    shutil.copytree(built, project, symlinks=True)
+    project = copy_built(built, tmp_path_factory.mktemp(recipe))
     return project, doit(project, f"manifest:{recipe}", env={"PYTHONHASHSEED": "1"})
 
 

@@ -18,7 +18,7 @@ import time
 import pytest
 from safetensors import safe_open
 
-from conftest import NO_NETWORK, REPO, doit
+from conftest import NO_NETWORK, REPO, copy_built, doit
 from test_pipeline import artifact
 
 STEPS = 6
@@ -36,8 +36,7 @@ def trained(built, tmp_path_factory):
     """A project with tiny and tiny_lora trained in 1 and in 2 processes (tiny_gpus1, tiny_gpus2,
     tiny_lora_gpus1, tiny_lora_gpus2: same model, data, seed and global batch). A copy of the
     session's built project: tiny's base and shards are theirs, and tiny's checkpoint GRPO's."""
-    project = tmp_path_factory.mktemp("distributed") / "proj"
-    shutil.copytree(built, project, symlinks=True)
+    project = copy_built(built, tmp_path_factory.mktemp("distributed"))
     runs = {}
     for base in ("tiny", "tiny_lora"):
         for gpus in (1, 2):
