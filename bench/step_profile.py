@@ -60,8 +60,10 @@ every gap between its operations, split into the part before the host launched t
 (host-late, charged to the host operation launching it) and the part after (queued: the
 device's own latency between operations), and how many operations a step has.
 
-Prints, per variant, tokens/s, peak memory, and the share of the step the GPU was busy;
-for the first two, the top kernels by GPU time. Also measures the bf16 matmul peak.
+Prints, per variant, tokens/s, peak memory, and the share of the step the GPU was busy; for
+the first two step-loop variants and every trainer variant, the profiled step's GPU time by kind
+of kernel (matmul, attention, pointwise, reduction, optimizer, copies: KINDS) and the top
+kernels. Also measures the bf16 matmul peak.
 
     python -m bench.step_profile [variant ...] [--out FILE]
 
@@ -194,18 +196,40 @@ def fp8_base_projections(model, recipe: str) -> None:
                                module_filter_fn=lambda module, fqn: fqn.endswith(".base_layer") and ".layers." in fqn)
 
 
+# A GPU operation's kind, by its name: the first kind with a fragment in the name. cuBLAS's Hopper
+# kernels are nvjet_* or sm90_xmma_*/cutlass (LoRA's thin products among them); flex attention runs
+# as inductor templates (triton_tem_*); inductor's fused kernels are pointwise (triton_poi_*) or
+# reductions (triton_red_*, triton_per_*: RMSNorm, the loss, the gradients' norms).
+KINDS = (("matmul", ("gemm", "nvjet", "xmma", "cutlass", "splitk")),
+         ("attention", ("triton_tem", "flex_attention")),
+         ("pointwise", ("triton_poi",)),
+         ("reduction", ("triton_red", "triton_per")),
+         ("optimizer", ("multi_tensor_apply", "adam")),
+         ("copy_fill", ("memcpy", "memset", "copy", "fill")))
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, fragments in KINDS if any(f in lowered for f in fragments)), "other")
+
+
 def busy_and_top(prof, wall: float) -> dict:
-    """Share of the wall time the GPU ran kernels, the top kernels by GPU time, and the
-    top host-side operations by CPU time (what the GPU may be waiting for)."""
+    """Share of the wall time the GPU ran kernels, its time by kind of kernel (KINDS), the top
+    kernels by GPU time, and the top host-side operations by CPU time (what the GPU may be
+    waiting for)."""
     import torch
 
     averages = prof.key_averages()
     kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu = sum(e.self_device_time_total for e in kernels) / 1e6
+    by_kind: dict = {}
+    for e in kernels:
+        by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + e.self_device_time_total / 1e3
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
     host = sorted((e for e in averages if e.device_type == torch.autograd.DeviceType.CPU),
                   key=lambda e: -e.cpu_time_total)[:25]
     return {"gpu_busy": round(gpu / wall, 3),
+            "gpu_ms_by_kind": {k: round(v, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "top_kernels": [(e.key[:90], round(e.self_device_time_total / 1e3, 2), e.count) for e in top],
             "top_host": [(e.key[:90], round(e.cpu_time_total / 1e3, 2), e.count) for e in host]}
 
@@ -472,7 +496,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 sync()
                 wall = time.perf_counter() - self.start
                 self.prof.__exit__(None, None, None)
-                profiled["gpu_busy"] = busy_and_top(self.prof, wall)["gpu_busy"]
+                found = busy_and_top(self.prof, wall)
+                profiled.update({k: found[k] for k in ("gpu_busy", "gpu_ms_by_kind", "top_kernels")})
                 profiled.update(idle_gaps(self.prof))
 
     trainer.add_callback(Clock())

@@ -101,17 +101,35 @@ def test_step_profile_times_the_step_loop_and_the_trainer(tmp_path):
     r = fields(tmp_path / "profile.json")
     assert set(r) == {"matmul_peak_tflops", "best", "best_amp", "trainer", "breakdown"}
     for name in ("best", "best_amp"):  # the first two variants are profiled in full
-        assert set(r[name]) == {"tokens_per_s", "step_seconds", "peak_gib", "losses", "gpu_busy", "top_kernels",
-                                "top_host"}, r[name]
-    assert set(r["trainer"]) == {"tokens_per_s", "step_seconds", "peak_gib", "last_loss", "gpu_busy", "gpu_ops",
-                                 "gaps_ms", "host_late_ms", "queued_ms", "by_thread", "by_outer",
-                                 "by_inner"}, r["trainer"]
+        assert set(r[name]) == {"tokens_per_s", "step_seconds", "peak_gib", "losses", "gpu_busy", "gpu_ms_by_kind",
+                                "top_kernels", "top_host"}, r[name]
+    assert set(r["trainer"]) == {"tokens_per_s", "step_seconds", "peak_gib", "last_loss", "gpu_busy", "gpu_ms_by_kind",
+                                 "top_kernels", "gpu_ops", "gaps_ms", "host_late_ms", "queued_ms", "by_thread",
+                                 "by_outer", "by_inner"}, r["trainer"]
     parts = r["breakdown"]  # the eager step by part: every part found, the backward's operations included
     # (left unattributed, they would be about half of the step, under "other")
     assert all(parts["seconds"][p] > 0 for p in ("attention", "mlp", "lora", "norms_rope", "loss_head", "optimizer"))
     assert parts["share"]["other"] < 0.1 and abs(sum(parts["share"].values()) - 1) < 0.01
     on_gpu = fields(REPO / "bench" / "results" / "step_profile_breakdown_h100_2026-11-27.json")["breakdown"]
     assert set(parts) == set(on_gpu) and set(parts["seconds"]) == set(on_gpu["seconds"])
+
+
+def test_kernel_kinds_name_the_step_s_parts_as_a_hopper_profile_names_its_kernels():
+    """Kernel names as a compiled step's profile on an H100 had them (step_profile_mb4_compiled_h100_2026-11-27.json)."""
+    names = {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "matmul",
+             "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16": "matmul",
+             "triton_tem_fused_add_flex_attention_backward_transpose_view_6": "attention",
+             "triton_per_fused_add_flex_attention_backward_transpose_view_5": "attention",
+             "triton_poi_fused_add_mul_silu_silu_backward_view_3": "pointwise",
+             "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "reduction",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+             "Memset (Device)": "copy_fill", "void at::native::index_elementwise_kernel": "other"}
+    # through the bench as a user runs it, from the repository root (bench/ is no installed package)
+    code = "import json, sys; from bench.step_profile import kind_of; print(json.dumps([kind_of(n) for n in json.load(sys.stdin)]))"
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, input=json.dumps(list(names)), capture_output=True,
+                       text=True, timeout=120, env={**os.environ, **NO_NETWORK})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout) == list(names.values())
 
 
 def test_gap_split_charges_a_late_launch_to_the_host_and_a_queued_one_to_the_device():
