@@ -1,0 +1,149 @@
+"""An experiment for issue 39, item 2: LoRA's two backward products of an output gradient in one
+pass over it.
+
+lora_accumulate's backward (stages/train/lora_scale.py) computes, for each projection's output
+gradient g (tokens x out features), dh = g B (its low-rank input's gradient) and dB = g^T h (B's
+gradient) as two cuBLAS matmuls. Both are thin (r = 16 columns) and bound by memory, so each
+reads all of g: a Qwen3-8B layer's seven output gradients are 636 MB at 4 x 2,048 tokens, read
+twice where once would do (about 0.19 ms a layer at an H100's 3.35 TB/s, 7 ms of its ~500 ms step).
+lora_grads() reads g once: each program takes a block of rows and a block of columns of g, keeps
+its columns' dB partial sum in registers over its rows, and adds its rows' dh partial sums into a
+buffer of its own (in L2); the partial sums of programs are added by torch (a fixed order: the same
+bits every run, unlike atomic adds).
+
+Not in the product: `python -m bench.fused_lora_grads` on a GPU times it beside cuBLAS's two
+products on the 8B layer's shapes (median of fresh repeats, ratios printed), and
+bench/step_profile.py's trainer_mb4_fused_lora_grads runs the trainer with it. Landing it waits
+on that measurement. TRITON_INTERPRET=1 runs the kernel on the CPU (tests/test_bench.py checks
+its values there).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_ROWS, BLOCK_COLS = 64, 64  # one tile of g that a program multiplies at a time
+CHUNK_ROWS = 512  # rows a program sums dB over: its partial sums are 2r/CHUNK_ROWS of g's bytes
+PROGRAMS = 264  # about two per SM of an H100 (132): enough loads in flight to keep memory busy
+
+
+@triton.jit
+def _lora_grads(G, H, B, DH, DB, N, O, R, sg_n, sg_o, sh_n, sh_r, sb_o, sb_r, COLS,
+                ROWS: tl.constexpr, BN: tl.constexpr, BO: tl.constexpr, BR: tl.constexpr):
+    chunk, split = tl.program_id(0), tl.program_id(1)
+    rr = tl.arange(0, BR)
+    r_in = rr < R
+    n_lo = chunk * ROWS
+    o_lo = split * COLS
+    o_hi = tl.minimum(o_lo + COLS, O)
+    for o0 in range(o_lo, o_hi, BO):
+        oo = o0 + tl.arange(0, BO)
+        o_in = oo < o_hi
+        b = tl.load(B + oo[:, None] * sb_o + rr[None, :] * sb_r, mask=o_in[:, None] & r_in[None, :], other=0.0)
+        db = tl.zeros((BO, BR), dtype=tl.float32)
+        for n0 in range(n_lo, n_lo + ROWS, BN):
+            nn = n0 + tl.arange(0, BN)
+            n_in = nn < N
+            g = tl.load(G + nn[:, None] * sg_n + oo[None, :] * sg_o, mask=n_in[:, None] & o_in[None, :], other=0.0)
+            h = tl.load(H + nn[:, None] * sh_n + rr[None, :] * sh_r, mask=n_in[:, None] & r_in[None, :], other=0.0)
+            db += tl.dot(tl.trans(g), h)
+            dh = DH + split * N * BR + nn[:, None] * BR + rr[None, :]
+            tl.store(dh, tl.load(dh, mask=n_in[:, None], other=0.0) + tl.dot(g, b), mask=n_in[:, None])
+        tl.store(DB + chunk * O * BR + oo[:, None] * BR + rr[None, :], db, mask=o_in[:, None])
+
+
+def lora_grads(g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g b, g^T h) in g's dtype, g read once: g tokens x out, h tokens x r (a strided slice is
+    fine), b out x r."""
+    n, o = g.shape
+    r = b.shape[1]
+    br = max(16, triton.next_power_of_2(r))  # tl.dot's least size
+    chunks = triton.cdiv(n, CHUNK_ROWS)
+    splits = max(1, min(triton.cdiv(o, BLOCK_COLS), PROGRAMS // chunks))
+    cols = triton.cdiv(triton.cdiv(o, splits), BLOCK_COLS) * BLOCK_COLS
+    splits = triton.cdiv(o, cols)
+    dh = torch.zeros(splits, n, br, dtype=torch.float32, device=g.device)
+    db = torch.empty(chunks, o, br, dtype=torch.float32, device=g.device)
+    _lora_grads[(chunks, splits)](g, h, b, dh, db, n, o, r, g.stride(0), g.stride(1), h.stride(0), h.stride(1),
+                                  b.stride(0), b.stride(1), cols, ROWS=CHUNK_ROWS, BN=BLOCK_ROWS, BO=BLOCK_COLS,
+                                  BR=br)
+    return dh.sum(0)[:, :r].to(g.dtype), db.sum(0)[:, :r].to(g.dtype)
+
+
+def fused_backward(grads, x, h, weights, a, bs):
+    """lora_accumulate_backward with each member's two low-rank products from lora_grads (the
+    rest as stages/train/lora_scale.py computes it)."""
+    dhs, dbs, start = [], [], 0
+    for g, b in zip(grads, bs):
+        dh, db = lora_grads(g, h[:, start:start + b.shape[1]], b)
+        dhs.append(dh)
+        dbs.append(db)
+        start += b.shape[1]
+    dh = torch.cat(dhs, dim=1)
+    dx = dh @ a
+    for g, w in zip(grads, weights):
+        dx.addmm_(g, w)
+    return [dx, dh.t() @ x] + dbs
+
+
+def use() -> None:
+    """The trainer's lora_accumulate backward on CUDA through fused_backward, for this process
+    (through the custom op's public register_kernel: the CPU keeps the op's own)."""
+    from stages.train import lora_scale
+
+    lora_scale.lora_accumulate_backward.register_kernel("cuda")(fused_backward)
+
+
+# One Qwen3-8B decoder layer's LoRA projections at 4 x 2,048 tokens: (name, out features)
+LAYER = (("q", 4096), ("k", 1024), ("v", 1024), ("o", 4096), ("gate", 12288), ("up", 12288), ("down", 4096))
+
+
+def timed(fn, repeats: int) -> float:
+    """Median ms of `repeats` calls, each between CUDA events, after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    tokens, r, repeats = 8192, 16, 50
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, total = [], {"cublas": 0.0, "fused": 0.0}
+    for name, out in LAYER:
+        g = torch.randn(tokens, out, device="cuda", dtype=torch.bfloat16, generator=gen)
+        h = torch.randn(tokens, 3 * r, device="cuda", dtype=torch.bfloat16, generator=gen)[:, r:2 * r]
+        b = torch.randn(out, r, device="cuda", dtype=torch.bfloat16, generator=gen)
+        want = (g @ b, g.t() @ h)
+        got = lora_grads(g, h, b)
+        error = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, want))
+        cublas = timed(lambda: (g @ b, g.t() @ h), repeats)
+        fused = timed(lambda: lora_grads(g, h, b), repeats)
+        total["cublas"] += cublas
+        total["fused"] += fused
+        rows.append({"projection": name, "out": out, "cublas_ms": round(cublas, 4), "fused_ms": round(fused, 4),
+                     "fused_over_cublas": round(fused / cublas, 3),
+                     "fused_read_tb_s": round(g.numel() * 2 / fused / 1e9, 2), "relative_error": round(error, 5)})
+        print(json.dumps(rows[-1]), flush=True)
+    result = {"device": torch.cuda.get_device_name(), "tokens": tokens, "r": r, "projections": rows,
+              "layer_cublas_ms": round(total["cublas"], 3), "layer_fused_ms": round(total["fused"], 3),
+              "layer_ratio": round(total["fused"] / total["cublas"], 3)}
+    print(json.dumps(result), flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
