@@ -26,9 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_ROWS, BLOCK_COLS = 64, 64  # one tile of g that a program multiplies at a time
-CHUNK_ROWS = 512  # rows a program sums dB over: its partial sums are 2r/CHUNK_ROWS of g's bytes
-PROGRAMS = 264  # about two per SM of an H100 (132): enough loads in flight to keep memory busy
+# block_rows x block_cols: the tile of g a program multiplies at a time; chunk_rows: the rows a
+# program sums dB over (its partial sums are 2r/chunk_rows of g's bytes); programs: about two per
+# SM of an H100 (132), enough loads in flight to keep memory busy. main() tries CONFIGS on the GPU.
+CONFIG = {"block_rows": 64, "block_cols": 64, "chunk_rows": 512, "programs": 264, "num_warps": 4}
+CONFIGS = [CONFIG, {**CONFIG, "block_cols": 128}, {**CONFIG, "block_rows": 128, "num_warps": 8},
+           {**CONFIG, "chunk_rows": 1024}, {**CONFIG, "programs": 528}, {**CONFIG, "block_rows": 32, "block_cols": 128},
+           {"block_rows": 128, "block_cols": 128, "chunk_rows": 1024, "programs": 264, "num_warps": 8}]
 
 
 @triton.jit
@@ -59,18 +63,19 @@ def _lora_grads(G, H, B, DH, DB, N, O, R, sg_n, sg_o, sh_n, sh_r, sb_o, sb_r, CO
 def lora_grads(g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(g b, g^T h) in g's dtype, g read once: g tokens x out, h tokens x r (a strided slice is
     fine), b out x r."""
+    c = CONFIG
     n, o = g.shape
     r = b.shape[1]
     br = max(16, triton.next_power_of_2(r))  # tl.dot's least size
-    chunks = triton.cdiv(n, CHUNK_ROWS)
-    splits = max(1, min(triton.cdiv(o, BLOCK_COLS), PROGRAMS // chunks))
-    cols = triton.cdiv(triton.cdiv(o, splits), BLOCK_COLS) * BLOCK_COLS
+    chunks = triton.cdiv(n, c["chunk_rows"])
+    splits = max(1, min(triton.cdiv(o, c["block_cols"]), c["programs"] // chunks))
+    cols = triton.cdiv(triton.cdiv(o, splits), c["block_cols"]) * c["block_cols"]
     splits = triton.cdiv(o, cols)
     dh = torch.zeros(splits, n, br, dtype=torch.float32, device=g.device)
     db = torch.empty(chunks, o, br, dtype=torch.float32, device=g.device)
     _lora_grads[(chunks, splits)](g, h, b, dh, db, n, o, r, g.stride(0), g.stride(1), h.stride(0), h.stride(1),
-                                  b.stride(0), b.stride(1), cols, ROWS=CHUNK_ROWS, BN=BLOCK_ROWS, BO=BLOCK_COLS,
-                                  BR=br)
+                                  b.stride(0), b.stride(1), cols, ROWS=c["chunk_rows"], BN=c["block_rows"],
+                                  BO=c["block_cols"], BR=br, num_warps=c["num_warps"])
     return dh.sum(0)[:, :r].to(g.dtype), db.sum(0)[:, :r].to(g.dtype)
 
 
@@ -92,8 +97,15 @@ def fused_backward(grads, x, h, weights, a, bs):
 
 def use() -> None:
     """The trainer's lora_accumulate backward on CUDA through fused_backward, for this process
-    (through the custom op's public register_kernel: the CPU keeps the op's own)."""
+    (through the custom op's public register_kernel: the CPU keeps the op's own), with the
+    config main() found best where FUSED_LORA_GRADS names its result."""
+    import os
+
     from stages.train import lora_scale
+
+    if os.environ.get("FUSED_LORA_GRADS"):
+        with open(os.environ["FUSED_LORA_GRADS"]) as f:
+            CONFIG.update(json.load(f)["best_config"])
 
     lora_scale.lora_accumulate_backward.register_kernel("cuda")(fused_backward)
 
@@ -117,10 +129,12 @@ def timed(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main() -> None:
-    tokens, r, repeats = 8192, 16, 50
+def layer(config: dict, repeats: int) -> dict:
+    """One layer's projections with `config`: each projection's ms beside cuBLAS's two products."""
+    CONFIG.update(config)
+    tokens, r = 8192, 16
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows, total = [], {"cublas": 0.0, "fused": 0.0}
+    rows = []
     for name, out in LAYER:
         g = torch.randn(tokens, out, device="cuda", dtype=torch.bfloat16, generator=gen)
         h = torch.randn(tokens, 3 * r, device="cuda", dtype=torch.bfloat16, generator=gen)[:, r:2 * r]
@@ -130,16 +144,28 @@ def main() -> None:
         error = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, want))
         cublas = timed(lambda: (g @ b, g.t() @ h), repeats)
         fused = timed(lambda: lora_grads(g, h, b), repeats)
-        total["cublas"] += cublas
-        total["fused"] += fused
         rows.append({"projection": name, "out": out, "cublas_ms": round(cublas, 4), "fused_ms": round(fused, 4),
                      "fused_over_cublas": round(fused / cublas, 3),
                      "fused_read_tb_s": round(g.numel() * 2 / fused / 1e9, 2), "relative_error": round(error, 5)})
-        print(json.dumps(rows[-1]), flush=True)
-    result = {"device": torch.cuda.get_device_name(), "tokens": tokens, "r": r, "projections": rows,
-              "layer_cublas_ms": round(total["cublas"], 3), "layer_fused_ms": round(total["fused"], 3),
-              "layer_ratio": round(total["fused"] / total["cublas"], 3)}
-    print(json.dumps(result), flush=True)
+    cublas, fused = sum(p["cublas_ms"] for p in rows), sum(p["fused_ms"] for p in rows)
+    return {"config": dict(config), "layer_cublas_ms": round(cublas, 3), "layer_fused_ms": round(fused, 3),
+            "layer_ratio": round(fused / cublas, 3), "projections": rows}
+
+
+def main() -> None:
+    """Every config of CONFIGS on one Qwen3-8B layer's shapes at 4 x 2,048 tokens, r = 16, median
+    of 50 calls each way; the best config again at the end (the first call of a config compiles)."""
+    runs = []
+    for config in CONFIGS:
+        runs.append(layer(config, 50))
+        print(json.dumps({k: v for k, v in runs[-1].items() if k != "projections"}), flush=True)
+    best = min(runs, key=lambda run: run["layer_fused_ms"])["config"]
+    again = layer(best, 100)
+    for p in again["projections"]:
+        print(json.dumps(p), flush=True)
+    result = {"device": torch.cuda.get_device_name(), "tokens": 8192, "r": 16, "best_config": best, "best": again,
+              "configs": runs}
+    print(json.dumps({k: v for k, v in again.items() if k != "projections"}), flush=True)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(result, f, indent=1)

@@ -140,7 +140,7 @@ def test_fused_lora_grads_match_the_two_products_and_the_op_s_own_backward():
 import torch
 import bench.fused_lora_grads as f
 from stages.train import lora_scale
-f.CHUNK_ROWS, f.PROGRAMS = 128, 6  # several programs each way at these sizes
+f.CONFIG.update(chunk_rows=128, programs=6)  # several programs each way at these sizes
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
     for n, o, r in ((200, 300, 16), (130, 64, 8), (300, 1000, 32)):
