@@ -103,8 +103,9 @@ def use() -> None:
 
     from stages.train import lora_scale
 
-    if os.environ.get("FUSED_LORA_GRADS"):
-        with open(os.environ["FUSED_LORA_GRADS"]) as f:
+    found = os.environ.get("FUSED_LORA_GRADS")
+    if found and os.path.exists(found):
+        with open(found) as f:
             CONFIG.update(json.load(f)["best_config"])
 
     lora_scale.lora_accumulate_backward.register_kernel("cuda")(fused_backward)
