@@ -4,7 +4,7 @@ pass over it.
 lora_accumulate's backward (stages/train/lora_scale.py) computes, for each projection's output
 gradient g (tokens x out features), dh = g B (its low-rank input's gradient) and dB = g^T h (B's
 gradient) as two cuBLAS matmuls. Both are thin (r = 16 columns) and bound by memory, so each
-reads all of g: a Qwen3-8B layer's seven output gradients are 636 MB at 4 x 2,048 tokens, read
+reads all of g: a Qwen3-8B layer's seven output gradients are 638 MB at 4 x 2,048 tokens, read
 twice where once would do (about 0.19 ms a layer at an H100's 3.35 TB/s, 7 ms of its ~500 ms step).
 lora_grads() reads g once: each program takes a block of rows and a block of columns of g, keeps
 its columns' dB partial sum in registers over its rows, and adds its rows' dh partial sums into a
@@ -12,10 +12,11 @@ buffer of its own (in L2); the partial sums of programs are added by torch (a fi
 bits every run, unlike atomic adds).
 
 Not in the product: `python -m bench.fused_lora_grads` on a GPU times it beside cuBLAS's two
-products on the 8B layer's shapes (median of fresh repeats, ratios printed), and
-bench/step_profile.py's trainer_mb4_fused_lora_grads runs the trainer with it. Landing it waits
-on that measurement. TRITON_INTERPRET=1 runs the kernel on the CPU (tests/test_bench.py checks
-its values there).
+products on the 8B layer's shapes for each tile config (ratios printed), and
+bench/step_profile.py's trainer_mb4_fused_lora_grads runs the trainer with the best one;
+bench/gpu_fused_lora_grads.sh does both in one call. Landing it waits on that measurement (no
+machine could be started on 2026-12-07). TRITON_INTERPRET=1 runs the kernel on the CPU
+(tests/test_bench.py checks its values there).
 """
 from __future__ import annotations
 
