@@ -31,7 +31,7 @@ import triton.language as tl
 # program sums dB over (its partial sums are 2r/chunk_rows of g's bytes); programs: about two per
 # SM of an H100 (132), enough loads in flight to keep memory busy. main() tries CONFIGS on the GPU.
 CONFIG = {"block_rows": 64, "block_cols": 64, "chunk_rows": 512, "programs": 264, "num_warps": 4}
-CONFIGS = [CONFIG, {**CONFIG, "block_cols": 128}, {**CONFIG, "block_rows": 128, "num_warps": 8},
+CONFIGS = [dict(CONFIG), {**CONFIG, "block_cols": 128}, {**CONFIG, "block_rows": 128, "num_warps": 8},
            {**CONFIG, "chunk_rows": 1024}, {**CONFIG, "programs": 528}, {**CONFIG, "block_rows": 32, "block_cols": 128},
            {"block_rows": 128, "block_cols": 128, "chunk_rows": 1024, "programs": 264, "num_warps": 8}]
 
