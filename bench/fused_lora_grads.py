@@ -107,7 +107,8 @@ def use() -> None:
     found = os.environ.get("FUSED_LORA_GRADS")
     if found and os.path.exists(found):
         with open(found) as f:
-            CONFIG.update(json.load(f)["best_config"])
+            best = json.load(f)["best_config"]
+        CONFIG.update({key: int(best[key]) for key in CONFIG})  # the config's own keys, as numbers
 
     lora_scale.lora_accumulate_backward.register_kernel("cuda")(fused_backward)
 

@@ -226,7 +226,8 @@ def busy_and_top(prof, wall: float) -> dict:
     gpu = sum(e.self_device_time_total for e in kernels) / 1e6
     by_kind: dict = {}
     for e in kernels:
-        by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + e.self_device_time_total / 1e3
+        kind = kind_of(e.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e3
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
     host = sorted((e for e in averages if e.device_type == torch.autograd.DeviceType.CPU),
                   key=lambda e: -e.cpu_time_total)[:25]

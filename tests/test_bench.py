@@ -154,6 +154,13 @@ grads, h = [torch.randn(150, 80), torch.randn(150, 40)], x @ a.t()
 for got, want in zip(f.fused_backward(grads, x, h, weights, a, bs),
                      lora_scale.lora_accumulate_backward(grads, x, h, weights, a, bs)):
     assert ((got - want).norm() / want.norm()).item() < 1e-5
+import json, os, tempfile
+best = {**f.CONFIG, "block_cols": 128, "stray": "ignored"}  # main()'s result, with a key use() must not take
+with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as out:
+    json.dump({"best_config": best}, out)
+os.environ["FUSED_LORA_GRADS"] = out.name
+f.use()
+assert f.CONFIG["block_cols"] == 128 and "stray" not in f.CONFIG
 print("ok")
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
