@@ -50,8 +50,6 @@ results committed before 2026-11-25 timed each step with a sync of its own):
                       2026-12-02 (the baseline of the collator's mask)
   trainer_mb4_sum:    LoRA's outputs as the base's and the low-rank product's sum, as before
                       lora_accumulate (stages/train/lora_scale.py; its baseline)
-  trainer_mb4_fused_lora_grads: lora_accumulate's backward with each output gradient read once
-                      for LoRA's two products (bench/fused_lora_grads.py; on CUDA only)
   trainer_mb4_graphs_held: the layers under CUDA graphs, each micro-batch a new graph step, with
                       the block mask's tensors copied to one address each step: cudagraph trees
                       take tensors reached through an argument's attributes (the BlockMask's) to
@@ -321,7 +319,6 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_combo_skip_guards": (MB4, {"compile_options": {"combo_kernels": True}, "skip_guards": True}),
     "trainer_mb4_model_mask": (MB4, {"model_mask": True}),
     "trainer_mb4_sum": (MB4, {"accumulate": False}),
-    "trainer_mb4_fused_lora_grads": (MB4, {"fused_lora_grads": True}),
     "trainer_mb4_graphs_held": (MB4, {"compile_options": GRAPHS, "mark_steps": True, "held_blocks": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
     "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
@@ -400,7 +397,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
                 share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False,
-                accumulate: bool = True, held_blocks: bool = False, fused_lora_grads: bool = False) -> dict:
+                accumulate: bool = True, held_blocks: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -415,10 +412,6 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from stages.engine.recipe import TrainSection
 
     numerics.training_mode()
-    if fused_lora_grads:  # lora_accumulate's backward with g read once (bench/fused_lora_grads.py)
-        from bench.fused_lora_grads import use
-
-        use()
     model = new_model("sdpa")
     settings.apply_settings(model, setting)
     if compile_options:  # the layers compiled again, as they train, with more of inductor's options
