@@ -50,6 +50,9 @@ results committed before 2026-11-25 timed each step with a sync of its own):
                       2026-12-02 (the baseline of the collator's mask)
   trainer_mb4_sum:    LoRA's outputs as the base's and the low-rank product's sum, as before
                       lora_accumulate (stages/train/lora_scale.py; its baseline)
+  trainer_mb4_sources: trainer_mb4 profiled with shapes and Python stacks, its copies' and
+                      fills' GPU time charged to where they were launched (launch_sources);
+                      its timings carry the profiler's extra host work
   trainer_mb4_graphs_held: the layers under CUDA graphs, each micro-batch a new graph step, with
                       the block mask's tensors copied to one address each step: cudagraph trees
                       take tensors reached through an argument's attributes (the BlockMask's) to
@@ -326,6 +329,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_log10": (MB4, {"logging_steps": 10}),
     "trainer_mb4_noclip": (MB4, {"clip": False}),
     "trainer_mb4_workers": (MB4, {"workers": 2}),
+    "trainer_mb4_sources": (MB4, {"sources": True}),
 }
 
 
@@ -382,14 +386,56 @@ def gap_split(events: list) -> dict:
             "queued_ms": round(queued / 1e3, 2), **{k: top(v) for k, v in by.items()}}
 
 
-def idle_gaps(prof) -> dict:
+def launch_sources(events: list, kinds: tuple = ("copy_fill",)) -> list:
+    """The GPU time of the kernels of these kinds (kind_of) in a profiler trace, charged to
+    where the host launched them: the innermost host operation with its inputs' shapes (a
+    profile with record_shapes) and the innermost Python frames outside torch (one with
+    with_stack). In ms, the 15 costliest sources with their kernel counts: what to look at
+    to remove a copy or a fill."""
+    from bisect import bisect_right
+
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    host: dict = {}  # per thread, host operations and Python frames sorted by start
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function"):
+            host.setdefault(e["tid"], []).append(e)
+    for found in host.values():
+        found.sort(key=lambda e: e["ts"])
+    starts = {tid: [e["ts"] for e in found] for tid, found in host.items()}
+    charged: dict = {}
+    for op in events:
+        if op.get("ph") != "X" or op.get("cat") not in GPU_OPS:
+            continue
+        if op["cat"] == "kernel" and kind_of(op["name"]) not in kinds:
+            continue
+        launch = launches.get(op.get("args", {}).get("correlation"))
+        where = "(launch not found)"
+        if launch:
+            found, at = host.get(launch["tid"], []), launch["ts"]
+            end = bisect_right(starts.get(launch["tid"], []), at)  # the innermost are among the latest started
+            inside = [e for e in found[max(0, end - 2000):end] if e["ts"] + e["dur"] >= at]
+            ops = [e for e in inside if e["cat"] == "cpu_op"]
+            frames = [e["name"] for e in inside if e["cat"] == "python_function"
+                      and "torch/" not in e["name"] and not e["name"].startswith("<built-in")]
+            inner = f"{ops[-1]['name']} {ops[-1].get('args', {}).get('Input Dims', '')}" if ops else "(no op)"
+            where = " < ".join([inner[:120]] + [f[-90:] for f in frames[-3:][::-1]])
+        key = f"{op['name'][:50]} @ {where}"
+        ms, count = charged.get(key, (0.0, 0))
+        charged[key] = (ms + op["dur"] / 1e3, count + 1)
+    return [(k, round(ms, 2), n) for k, (ms, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:15]]
+
+
+def idle_gaps(prof, sources: bool = False) -> dict:
     """gap_split of a finished profile (its trace written and read back: the trace is where
-    each GPU operation's launch is named)."""
+    each GPU operation's launch is named), and with sources its copies' and fills'
+    launch_sources."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(f"{tmp}/trace.json")
-        return gap_split(json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"])
+        events = json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"]
+    return {**gap_split(events), **({"copy_sources": launch_sources(events)} if sources else {})}
 
 
 def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
@@ -397,7 +443,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
                 share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False,
-                accumulate: bool = True, held_blocks: bool = False) -> dict:
+                accumulate: bool = True, held_blocks: bool = False,
+                sources: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -488,7 +535,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                     window.append(now - self.start)
                     from torch.profiler import profile as torch_profile
 
-                    self.prof = torch_profile(activities=activities())
+                    self.prof = torch_profile(activities=activities(), record_shapes=sources, with_stack=sources)
                     self.prof.__enter__()
                     self.start = time.perf_counter()
 
@@ -499,7 +546,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 self.prof.__exit__(None, None, None)
                 found = busy_and_top(self.prof, wall)
                 profiled.update({k: found[k] for k in ("gpu_busy", "gpu_ms_by_kind", "top_kernels")})
-                profiled.update(idle_gaps(self.prof))
+                profiled.update(idle_gaps(self.prof, sources))
 
     trainer.add_callback(Clock())
     reset_peak()

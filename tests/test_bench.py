@@ -159,6 +159,40 @@ def test_gap_split_charges_a_late_launch_to_the_host_and_a_queued_one_to_the_dev
     assert r["by_outer"] == [("CompiledFunction", 0.03)] and r["by_inner"] == [("aten::mm", 0.03)]
 
 
+def test_launch_sources_charge_copies_and_fills_to_the_op_and_frames_that_launched_them():
+    """Two copies launched from one place, a fill from another, a matmul (not a copy, left out):
+    each copy and fill charged to the innermost op with its shapes and the Python frames
+    outside torch around it, innermost first."""
+
+    def op(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+    copy = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>"
+    events = [op("python_function", "stages/train/sft.py(90): compute_loss", 0, 1000),
+              op("python_function", "torch/nn/modules/module.py(1): _call_impl", 5, 900),
+              op("python_function", "transformers/loss/loss_utils.py(40): fixed_cross_entropy", 10, 200),
+              op("cpu_op", "aten::to", 20, 50, **{"Input Dims": [[8192, 151936]]}),
+              op("cpu_op", "aten::copy_", 25, 40),
+              op("cuda_runtime", "cudaLaunchKernel", 30, 2, correlation=1),
+              op("cuda_runtime", "cudaLaunchKernel", 60, 2, correlation=2),
+              op("cpu_op", "aten::zero_", 300, 20, **{"Input Dims": [[16, 4096]]}),
+              op("cuda_runtime", "cudaLaunchKernel", 305, 2, correlation=3),
+              op("cuda_runtime", "cudaLaunchKernel", 310, 2, correlation=4),
+              op("kernel", copy, 100, 600, tid=7, correlation=1),
+              op("kernel", copy, 700, 400, tid=7, correlation=2),
+              op("gpu_memset", "Memset (Device)", 1100, 3, tid=7, correlation=3),
+              op("kernel", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 1103, 500, tid=7, correlation=4)]
+    code = ("import json, sys; from bench.step_profile import launch_sources; "
+            "print(json.dumps(launch_sources(json.load(sys.stdin))))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, input=json.dumps(events), capture_output=True,
+                       text=True, timeout=120, env={**os.environ, **NO_NETWORK})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [tuple(r) for r in json.loads(p.stdout)] == [
+        (f"{copy[:50]} @ aten::copy_  < transformers/loss/loss_utils.py(40): fixed_cross_entropy"
+         " < stages/train/sft.py(90): compute_loss", 1.0, 2),
+        ("Memset (Device) @ aten::zero_ [[16, 4096]] < stages/train/sft.py(90): compute_loss", 0.0, 1)]
+
+
 def test_methods_speed_trains_dpo_and_grpo_both_ways(tmp_path):
     """As methods_speed_h100_2026-11-25.json."""
     bench("methods_speed", tmp_path / "methods.json", "--tiny", "--work", tmp_path / "work")
