@@ -336,6 +336,33 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
 GPU_OPS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+class HostIndex:
+    """A profiler trace's host side: each GPU operation's launch (by correlation id) and, per
+    thread, the host events of the given categories that enclose a moment, outermost first
+    (among the `window` latest started: the innermost are there)."""
+
+    def __init__(self, events: list, categories: tuple = ("cpu_op",), window: int = 64):
+        self.launches = {e["args"]["correlation"]: e for e in events
+                         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        self.host: dict = {}
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") in categories:
+                self.host.setdefault(e["tid"], []).append(e)
+        for found in self.host.values():
+            found.sort(key=lambda e: e["ts"])
+        self.starts = {tid: [e["ts"] for e in found] for tid, found in self.host.items()}
+        self.window = window
+
+    def launch(self, op: dict):
+        return self.launches.get(op.get("args", {}).get("correlation"))
+
+    def enclosing(self, tid, ts: float) -> list:
+        from bisect import bisect_right
+
+        found, end = self.host.get(tid, []), bisect_right(self.starts.get(tid, []), ts)
+        return [e for e in found[max(0, end - self.window):end] if e["ts"] + e["dur"] >= ts]
+
+
 def gap_split(events: list) -> dict:
     """Every gap between the GPU's operations in a profiler trace (its traceEvents), split in
     two: host-late, the part before the host had launched the next operation (the GPU waited
@@ -343,24 +370,12 @@ def gap_split(events: list) -> dict:
     latency between operations, which only fewer operations shorten). Host-late time is charged
     to the operations the launching thread was in at the launch (outermost and innermost), and
     to the thread. In ms; gpu_ops counts the GPU's operations."""
-    from bisect import bisect_right
-
     gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_OPS), key=lambda e: e["ts"])
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    index = HostIndex(events)
     names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    ops: dict = {}  # per thread, host operations sorted by start
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
-            ops.setdefault(e["tid"], []).append(e)
-    for found in ops.values():
-        found.sort(key=lambda e: e["ts"])
-    starts = {tid: [e["ts"] for e in found] for tid, found in ops.items()}
 
     def enclosing(tid, ts: float) -> tuple:
-        found = ops.get(tid, [])
-        inside = [e for e in found[max(0, bisect_right(starts[tid], ts) - 64):bisect_right(starts[tid], ts)]
-                  if e["ts"] + e["dur"] >= ts]
+        inside = index.enclosing(tid, ts)
         outer = min(inside, key=lambda e: e["ts"])["name"][:80] if inside else "(none)"
         inner = max(inside, key=lambda e: e["ts"])["name"][:80] if inside else "(none)"
         return outer, inner
@@ -371,7 +386,7 @@ def gap_split(events: list) -> dict:
     for op in gpu:
         if end is not None and op["ts"] > end:
             gap = op["ts"] - end
-            launch = launches.get(op.get("args", {}).get("correlation"))
+            launch = index.launch(op)
             launched = launch["ts"] + launch["dur"] if launch else end
             wait = min(gap, max(0.0, launched - end))
             late, queued = late + wait, queued + gap - wait
@@ -392,29 +407,17 @@ def launch_sources(events: list, kinds: tuple = ("copy_fill",)) -> list:
     profile with record_shapes) and the innermost Python frames outside torch (one with
     with_stack). In ms, the 15 costliest sources with their kernel counts: what to look at
     to remove a copy or a fill."""
-    from bisect import bisect_right
-
-    launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    host: dict = {}  # per thread, host operations and Python frames sorted by start
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function"):
-            host.setdefault(e["tid"], []).append(e)
-    for found in host.values():
-        found.sort(key=lambda e: e["ts"])
-    starts = {tid: [e["ts"] for e in found] for tid, found in host.items()}
+    index = HostIndex(events, ("cpu_op", "python_function"), window=2000)
     charged: dict = {}
     for op in events:
         if op.get("ph") != "X" or op.get("cat") not in GPU_OPS:
             continue
         if op["cat"] == "kernel" and kind_of(op["name"]) not in kinds:
             continue
-        launch = launches.get(op.get("args", {}).get("correlation"))
+        launch = index.launch(op)
         where = "(launch not found)"
         if launch:
-            found, at = host.get(launch["tid"], []), launch["ts"]
-            end = bisect_right(starts.get(launch["tid"], []), at)  # the innermost are among the latest started
-            inside = [e for e in found[max(0, end - 2000):end] if e["ts"] + e["dur"] >= at]
+            inside = index.enclosing(launch["tid"], launch["ts"])
             ops = [e for e in inside if e["cat"] == "cpu_op"]
             frames = [e["name"] for e in inside if e["cat"] == "python_function"
                       and "torch/" not in e["name"] and not e["name"].startswith("<built-in")]
