@@ -45,6 +45,9 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer_mb4_skip_guards, trainer_mb4_combo_skip_guards: after the warm-up steps, dynamo's
                       guards not evaluated (torch.compiler.set_stance's skip_guard_eval_unsafe),
                       alone or with combo kernels
+  trainer_mb4_fp32_logits: the loss from the logits the model returns, which accelerate has
+                      converted to fp32 (a copy each way), as before 2026-12-07 (the baseline of
+                      stages/train/sft.TargetRowsHead keeping the head's own bf16 output)
   trainer_mb4_model_mask: no block mask from the collator (stages/train/document_mask.py):
                       transformers finds the documents itself in each forward, as before
                       2026-12-02 (the baseline of the collator's mask)
@@ -321,6 +324,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_skip_guards": (MB4, {"skip_guards": True}),
     "trainer_mb4_combo_skip_guards": (MB4, {"compile_options": {"combo_kernels": True}, "skip_guards": True}),
     "trainer_mb4_model_mask": (MB4, {"model_mask": True}),
+    "trainer_mb4_fp32_logits": (MB4, {"fp32_logits": True}),
     "trainer_mb4_sum": (MB4, {"accumulate": False}),
     "trainer_mb4_graphs_held": (MB4, {"compile_options": GRAPHS, "mark_steps": True, "held_blocks": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
@@ -446,7 +450,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
                 share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False,
-                accumulate: bool = True, held_blocks: bool = False,
+                fp32_logits: bool = False, accumulate: bool = True, held_blocks: bool = False,
                 sources: bool = False) -> dict:
     import torch
     from datasets import Dataset
@@ -478,6 +482,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     plan = {**setting, "device": train_speed.DEVICE, "dtype": train_speed.DTYPE, "processes": 1, "grad_accum": 4 // mb}
     trainer = make_trainer(METHODS["sft"], model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
     trainer.args.logging_steps = logging_steps
+    if fp32_logits:  # the model returns the head's logits, which accelerate converts to fp32 (its baseline)
+        trainer.head.keep = False
     if model_mask:  # the collator's rows without flex's blocks: the model finds the documents itself
         from stages.train.sft import collate
 

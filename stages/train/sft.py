@@ -45,25 +45,54 @@ def collate(rows, document_blocks: bool = False):
 
 
 class TargetRowsHead:
-    """A forward pre-hook on the output embeddings: only the positions that have a target go
-    through the LM head and the loss. A prompt token, a padding token or a document's last
-    token has none, yet the model's own loss computes its logits (a 152k vocabulary: 2.5
-    GFLOP per token forward and backward on an 8B model) and its fp32 softmax, then ignores
-    them. The model's forward runs unchanged otherwise (an elementwise logit softcap still
-    applies); models that add a router loss to the loss inside the forward keep it whole."""
+    """Hooks on the output embeddings: only the positions that have a target go through the LM
+    head and the loss. A prompt token, a padding token or a document's last token has none,
+    yet the model's own loss computes its logits (a 152k vocabulary: 2.5 GFLOP per token
+    forward and backward on an 8B model) and its fp32 softmax, then ignores them. The model's
+    forward runs unchanged otherwise; models that add a router loss to the loss inside the
+    forward keep it whole.
+
+    The head's output is also kept here for the loss, and the model handed an empty slice of
+    it: under bf16 the Trainer's accelerate converts every bf16 tensor the forward returns to
+    fp32, a copy of the logits each way (5 GB apiece at a 152k vocabulary, 9 ms of an H100
+    step), where the compiled loss upcasts in registers. Only for a model that returns the
+    head's output as its logits, which the first forward checks (`keep` is None until then):
+    one that caps or scales its logits after the head keeps returning them whole."""
 
     def __init__(self, model):
         config = without_peft(model).config
         self.usable = not getattr(config, "output_router_logits", False) and model.get_output_embeddings() is not None
         self.rows = None
+        self.keep = None
+        self.kept = None
         if self.usable:
-            model.get_output_embeddings().register_forward_pre_hook(self.select)
+            head = model.get_output_embeddings()
+            head.register_forward_pre_hook(self.select)
+            head.register_forward_hook(self.hold)
 
     def select(self, module, args):
         if self.rows is None:
             return None
         hidden = args[0]
         return (hidden.flatten(0, -2)[self.rows],) + args[1:]
+
+    def hold(self, module, args, output):
+        if self.rows is None or self.keep is False:
+            return None
+        self.kept = output
+        return output[:0] if self.keep else None
+
+    def logits(self, returned):
+        """The logits for the loss: the head's own output where the model returns it as is (the
+        first call compares the two, bit for bit), else what the model returned."""
+        import torch
+
+        kept, self.kept = self.kept, None
+        if self.keep is None:  # compared a slice at a time: no third copy of the logits at once
+            self.keep = kept is not None and returned.shape == kept.shape and all(
+                torch.equal(r.to(kept.dtype), k) for r, k in zip(returned.split(1024), kept.split(1024)))
+            return returned
+        return kept if self.keep else returned
 
     @contextmanager
     def only(self, rows):
@@ -92,7 +121,7 @@ def model_loss_trainer(sft_trainer):
                 return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
             inputs.pop("labels")
             with self.head.only(rows):
-                logits = model(**inputs).logits
+                logits = self.head.logits(model(**inputs).logits)
             base = without_peft(self.accelerator.unwrap_model(model))
             loss = base.loss_function(logits=logits, labels=None, shift_labels=targets,
                                       vocab_size=logits.shape[-1], num_items_in_batch=num_items_in_batch)
