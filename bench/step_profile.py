@@ -226,7 +226,8 @@ def busy_and_top(prof, wall: float) -> dict:
     import torch
 
     averages = prof.key_averages()
-    kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA  # not inductor's ranges
+               and not e.key.startswith("## Call CompiledFxGraph")]  # over its kernels (a profile with shapes)
     gpu = sum(e.self_device_time_total for e in kernels) / 1e6
     by_kind: dict = {}
     for e in kernels:
