@@ -57,7 +57,8 @@ class TargetRowsHead:
     fp32, a copy of the logits each way (5 GB apiece at a 152k vocabulary, 9 ms of an H100
     step), where the compiled loss upcasts in registers. Only for a model that returns the
     head's output as its logits, which the first forward checks (`keep` is None until then):
-    one that caps or scales its logits after the head keeps returning them whole."""
+    one that caps or scales its logits after the head keeps returning them whole, as does a
+    model under FSDP (make_trainer)."""
 
     def __init__(self, model):
         config = without_peft(model).config
@@ -144,4 +145,6 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
                                       data_collator=partial(collate, document_blocks=blocks),
                                       peft_config=peft_config(t, method.peft_task))
     run.head = TargetRowsHead(run.model)
+    if run.is_fsdp_enabled:  # FSDP hangs its backward hooks on the forward's outputs: hand it the logits whole
+        run.head.keep = False
     return run
