@@ -93,9 +93,13 @@ def test_under_bf16_the_model_hands_back_no_fp32_copy_of_the_logits(tmp_path):
     run, batch = model_and_trainer(tmp_path, "lora", plan_dtype="bfloat16")
     model = run.accelerator.prepare_model(run.model)
     n = len(batch["loss_rows"])
-    returned = []
+    returned, seen = [], []
     model.register_forward_hook(lambda m, args, out: returned.append((out.logits.shape[0], out.logits.dtype)))
+    base = sft.without_peft(model)
+    loss_function = base.loss_function
+    base.loss_function = lambda logits, **kw: seen.append(logits.dtype) or loss_function(logits=logits, **kw)
     losses = [run.compute_loss(model, batch, num_items_in_batch=n).item() for _ in range(2)]
     assert returned == [(n, torch.float32), (0, torch.float32)]
+    assert seen == [torch.bfloat16, torch.bfloat16]  # the head's own output both times: the loss compiles once
     assert run.head.keep is True
     assert losses[1] == pytest.approx(losses[0], rel=1e-6)

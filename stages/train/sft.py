@@ -85,14 +85,14 @@ class TargetRowsHead:
 
     def logits(self, returned):
         """The logits for the loss: the head's own output where the model returns it as is (the
-        first call compares the two, bit for bit), else what the model returned."""
+        first call compares the two, bit for bit; the loss sees one dtype from the start, so it
+        compiles once), else what the model returned."""
         import torch
 
         kept, self.kept = self.kept, None
         if self.keep is None:  # compared a slice at a time: no third copy of the logits at once
             self.keep = kept is not None and returned.shape == kept.shape and all(
                 torch.equal(r.to(kept.dtype), k) for r, k in zip(returned.split(1024), kept.split(1024)))
-            return returned
         return kept if self.keep else returned
 
     @contextmanager
