@@ -204,6 +204,54 @@ def test_two_nodes_on_one_host_train_as_two_processes_do(trained, tmp_path):
     assert digest(tmp_path / "node0", "tiny_node") == digest(built, "tiny_gpus2")
 
 
+def test_two_processes_train_where_the_host_name_points_elsewhere(trained, tmp_path):
+    """A host whose own name resolves to an address it does not have (a sandbox, a stale
+    /etc/hosts): one node's processes meet on the loopback address, so the build neither waits on
+    that name nor fails on it, and writes the bytes tiny_gpus2 wrote. Run in its own mount and UTS
+    namespaces, where the test sets the name and /etc/hosts."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "-u", "true"], capture_output=True).returncode:
+        pytest.skip("needs unshare's mount and UTS namespaces (root)")
+    built, _ = trained
+    project, _ = unbuilt_checkpoint(built, tmp_path / "proj")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n192.0.2.99 elsewhere\n")  # TEST-NET-1: not this host's address
+    script = f"mount --bind {hosts} /etc/hosts && hostname elsewhere && exec {sys.executable} -m doit checkpoint:tiny_gpus2"
+    build = subprocess.Popen(["unshare", "-m", "-u", "sh", "-c", script], cwd=project, start_new_session=True, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **NO_NETWORK})
+    try:
+        out = build.communicate(timeout=240)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGKILL)  # doit, torchrun and the processes waiting on the name
+        pytest.fail("training waited on the host's name for 4 minutes")
+    assert build.returncode == 0, out[-3000:]
+    digest = lambda p: json.loads((p / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["digest"]  # noqa: E731
+    assert digest(project) == digest(built)
+
+
+def test_a_failed_training_process_is_named_by_its_first_error(trained, tmp_path):
+    """Processes that raise: the stage's one line carries the first exception they printed (here
+    the base folder is gone), not only torchrun's exit code and its ChildFailedError."""
+    import logging
+
+    from stages.train.distributed import launch
+
+    import yaml
+
+    from stages.engine.recipe import Recipe
+
+    built, _ = trained
+    train = Recipe.model_validate(yaml.safe_load((built / "recipes" / "tiny_gpus2.yaml").read_text())).train
+    spec = {"method": train.method, "train": train.model_dump(mode="json"), "resume": None,
+            "plan": json.loads((artifact(built, "plan", "tiny_gpus2") / "plan.json").read_text())["decisions"],
+            "base": str(tmp_path / "gone"), "shards": str(artifact(built, "shards", "tiny_gpus2")),
+            "work": str(tmp_path / "work"), "out": str(tmp_path / "out")}
+    with pytest.raises(RuntimeError) as failure:
+        launch(spec, 2, tmp_path / "work", logging.getLogger("test"), {})
+    line = str(failure.value)
+    assert "training in 2 process(es) failed (exit 1), first error: " in line and str(tmp_path / "gone") in line, line
+    assert "ChildFailedError" not in line and "\n" not in line
+
+
 def test_one_process_on_a_node_of_several_gpus_runs_as_a_child_that_sees_one():
     """hardware.gpus: 1 on a bigger node: run in doit's process, the Trainer would wrap the model in
     nn.DataParallel over every visible GPU (TRL's trainers stop with an error, found on the lent
@@ -363,6 +411,19 @@ def test_replicas_that_ran_out_of_memory_are_told_to_shard():
     assert "hardware.sharding" not in failed(1, 1, replicas, out_of_memory=True)
     assert "hardware.sharding" not in failed(2, 1, {"device": "cuda", "sharding": {"version": 2}}, out_of_memory=True)
     assert "hardware.sharding" not in failed(2, 1, {"device": "cpu", "sharding": None}, out_of_memory=True)
+
+
+def test_the_first_exception_a_process_printed_is_found_in_its_line():
+    """raised(): a traceback's last line, bare or with torchrun's rank prefix, dotted or not;
+    torchrun's ChildFailedError and ordinary lines are not exceptions."""
+    from stages.train.distributed import raised
+
+    assert raised("KeyError: 'env'\n") == "KeyError: 'env'"
+    assert raised("[rank1]: torch.OutOfMemoryError: CUDA out of memory.") == "torch.OutOfMemoryError: CUDA out of memory."
+    assert raised("KeyboardInterrupt") == "KeyboardInterrupt"
+    assert raised("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ") is None
+    assert raised("  File \"x.py\", line 3, in main") is None
+    assert raised("rank 0: loss 2.31 at step 4") is None
 
 
 def test_no_setting_that_fits_is_told_in_one_line_naming_where():

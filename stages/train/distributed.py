@@ -4,7 +4,7 @@ global batch; on CUDA the Trainer shards the model with FSDP2, on CPU it runs DD
 (trainer.distributed_args says why). The first process alone writes the artifact into the
 stage's build directory, so the store's atomic commit is the same as for one process.
 
-One node: torchrun's standalone rendezvous on a free local port. Several nodes: NNODES,
+One node: torchrun's standalone rendezvous on a free port of the loopback address. Several nodes: NNODES,
 NODE_RANK, MASTER_ADDR and MASTER_PORT in the environment of `doit checkpoint:<recipe>` on
 every node (README "Multi-GPU and multi-node")."""
 from __future__ import annotations
@@ -13,6 +13,7 @@ import faulthandler
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,8 +26,8 @@ from stages.train.settings import nodes
 
 def rendezvous() -> list[str]:
     """torchrun's arguments that say where the processes meet."""
-    if nodes() == 1:
-        return ["--standalone"]
+    if nodes() == 1:  # on the loopback address: the host's own name may not resolve (a sandbox, no DNS)
+        return ["--standalone", "--local-addr", "127.0.0.1"]
     missing = [v for v in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
     if missing:
         raise UserError(f"environment NNODES={nodes()} needs {', '.join(missing)} too (README: Multi-GPU and multi-node)")
@@ -62,25 +63,37 @@ def launch(spec: dict, processes: int, work: Path, log, run: dict) -> None:
         command = [sys.executable, "-m", "torch.distributed.run", *rendezvous(), "--nproc-per-node",
                    str(processes // nodes()), "-m", "stages.train.distributed", str(work / "spec.json")]
         log.info("training in %d processes: %s", processes, " ".join(command))
-    out_of_memory = False
+    out_of_memory, cause = False, None
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[2]) as proc:  # where `stages` imports from
         for line in proc.stdout:
             sys.stderr.write(line)
             log.debug("%s", line.rstrip())
             out_of_memory = out_of_memory or "OutOfMemoryError" in line
+            cause = cause or raised(line)
     if proc.returncode:
-        raise RuntimeError(failed(processes, proc.returncode, spec["plan"], out_of_memory))
+        raise RuntimeError(failed(processes, proc.returncode, spec["plan"], out_of_memory, cause))
     if not (work / "run.json").exists():
         raise UserError(f"checkpoint: node {os.environ.get('NODE_RANK')} of {nodes()} trained its processes; "
                         f"the artifact is written on node 0: build there, then doit push there and doit pull here")
     run.update(json.loads((work / "run.json").read_text()))
 
 
-def failed(processes: int, code: int, plan: dict, out_of_memory: bool) -> str:
-    """The stage's line when training failed; where GPU replicas ran out of memory, how to shard."""
-    line = (f"checkpoint: training in {processes} process(es) failed (exit {code}); "
-            f"the processes' output is above and in the stage log")
+RAISED = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def raised(line: str) -> str | None:
+    """The exception a traceback in the processes' output ends with ("KeyError: 'env'"), or None;
+    torchrun's own ChildFailedError, which only says that a process failed, is not one."""
+    found = RAISED.match(line.rstrip())
+    return None if found is None or "ChildFailedError" in found[1] else found[1][:300]
+
+
+def failed(processes: int, code: int, plan: dict, out_of_memory: bool, cause: str | None = None) -> str:
+    """The stage's line when training failed: the first exception a process raised, and where
+    GPU replicas ran out of memory, how to shard."""
+    line = (f"checkpoint: training in {processes} process(es) failed (exit {code})"
+            + (f", first error: {cause}" if cause else "") + "; the processes' output is above and in the stage log")
     if out_of_memory and processes > 1 and plan["device"] == "cuda" and plan.get("sharding") is None:
         line += ("; each GPU held a whole replica of the model and ran out of memory: set hardware.sharding: fsdp2 "
                  "to shard it (docs/distributed.md)")
