@@ -18,7 +18,7 @@ import time
 import pytest
 from safetensors import safe_open
 
-from conftest import NO_NETWORK, REPO, copy_built, doit
+from conftest import NO_NETWORK, REPO, copy_built, doit, free_port
 from test_pipeline import artifact
 
 STEPS = 6
@@ -187,14 +187,14 @@ def test_two_nodes_on_one_host_train_as_two_processes_do(trained, tmp_path):
     gpus: 1 (so 2 processes in all): node 0 builds the artifact tiny_gpus2 built, byte for byte;
     node 1 trains its rank and says where the artifact is."""
     built, _ = trained
-    nodes = []
+    nodes, port = [], free_port()  # both nodes' rendezvous; a port nothing else holds
     for rank in (0, 1):
         project = tmp_path / f"node{rank}"
         shutil.copytree(built, project, symlinks=True)
         shutil.rmtree(project / "artifacts" / "store" / "checkpoint")
         (project / "recipes" / "tiny_node.yaml").write_text(recipe(1))
         env = {**os.environ, **NO_NETWORK, "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(29500 + os.getpid() % 1000)}
+               "MASTER_PORT": str(port)}
         nodes.append(subprocess.Popen([sys.executable, "-m", "doit", "checkpoint:tiny_node"], cwd=project, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     out = [n.communicate(timeout=300)[0] for n in nodes]
@@ -486,8 +486,6 @@ def fsdp_on_cpu(monkeypatch):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    from conftest import free_port
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
