@@ -86,6 +86,11 @@ def test_two_processes_match_one_on_the_same_global_batch(trained, base):
     assert len(texts) == 2 and texts[0] == texts[1]
 
 
+def checkpoint_digest(project, name: str = "tiny_gpus2") -> str:
+    """The digest the recipe's checkpoint pointer names: what two builds compare byte for byte."""
+    return json.loads((project / "artifacts" / name / "checkpoint.json").read_text())["digest"]
+
+
 def unbuilt_checkpoint(built, project):
     """A copy of the built project without tiny_gpus2's checkpoint, and the checkpoint stage's work dir."""
     shutil.copytree(built, project, symlinks=True)
@@ -111,8 +116,7 @@ def test_killed_distributed_training_resumes_from_its_last_saved_step(trained, t
     assert "resuming from checkpoint-3" in run.out
     key = json.loads((project / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["key"]
     assert json.loads((project / "artifacts" / "store" / "checkpoint" / f"{key}.json").read_text())["run"]["resumed_from_step"] == 3
-    pointer = lambda p: json.loads((p / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["digest"]  # noqa: E731
-    assert pointer(project) == pointer(built)  # resumed == uninterrupted, byte for byte
+    assert checkpoint_digest(project) == checkpoint_digest(built)  # resumed == uninterrupted, byte for byte
 
 
 USR1_TWICE = """
@@ -170,8 +174,7 @@ def test_sigusr1_prints_each_training_process_stacks_and_training_goes_on(traine
     key = json.loads((project / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["key"]
     log = (project / "artifacts" / "store" / "checkpoint" / f"{key}.log").read_text()
     assert log.count("most recent call first") >= 2 and "stages/train/" in log, log[-3000:]
-    pointer = lambda p: json.loads((p / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["digest"]  # noqa: E731
-    assert pointer(project) == pointer(built)
+    assert checkpoint_digest(project) == checkpoint_digest(built)
 
 
 def test_a_global_batch_that_does_not_split_over_the_processes_stops_the_plan(trained):
@@ -200,8 +203,7 @@ def test_two_nodes_on_one_host_train_as_two_processes_do(trained, tmp_path):
     out = [n.communicate(timeout=300)[0] for n in nodes]
     assert nodes[0].returncode == 0, out[0][-3000:]
     assert nodes[1].returncode != 0 and "the artifact is written on node 0" in out[1], out[1][-3000:]
-    digest = lambda p, name: json.loads((p / "artifacts" / name / "checkpoint.json").read_text())["digest"]  # noqa: E731
-    assert digest(tmp_path / "node0", "tiny_node") == digest(built, "tiny_gpus2")
+    assert checkpoint_digest(tmp_path / "node0", "tiny_node") == checkpoint_digest(built)
 
 
 def test_two_processes_train_where_the_host_name_points_elsewhere(trained, tmp_path):
@@ -224,8 +226,7 @@ def test_two_processes_train_where_the_host_name_points_elsewhere(trained, tmp_p
         os.killpg(build.pid, signal.SIGKILL)  # doit, torchrun and the processes waiting on the name
         pytest.fail("training waited on the host's name for 4 minutes")
     assert build.returncode == 0, out[-3000:]
-    digest = lambda p: json.loads((p / "artifacts" / "tiny_gpus2" / "checkpoint.json").read_text())["digest"]  # noqa: E731
-    assert digest(project) == digest(built)
+    assert checkpoint_digest(project) == checkpoint_digest(built)
 
 
 def test_a_failed_training_process_is_named_by_its_first_error(trained, tmp_path):
@@ -233,11 +234,10 @@ def test_a_failed_training_process_is_named_by_its_first_error(trained, tmp_path
     the base folder is gone), not only torchrun's exit code and its ChildFailedError."""
     import logging
 
-    from stages.train.distributed import launch
-
     import yaml
 
     from stages.engine.recipe import Recipe
+    from stages.train.distributed import launch
 
     built, _ = trained
     train = Recipe.model_validate(yaml.safe_load((built / "recipes" / "tiny_gpus2.yaml").read_text())).train
