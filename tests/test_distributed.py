@@ -414,8 +414,8 @@ def test_replicas_that_ran_out_of_memory_are_told_to_shard():
 
 
 def test_the_first_exception_a_process_printed_is_found_in_its_line():
-    """raised(): a traceback's last line, bare or with torchrun's rank prefix, dotted or not;
-    torchrun's ChildFailedError and ordinary lines are not exceptions."""
+    """raised(): a traceback's last line, bare or with torchrun's rank prefix, dotted or not, cut
+    at 300 characters; torchrun's ChildFailedError and ordinary lines are not exceptions."""
     from stages.train.distributed import raised
 
     assert raised("KeyError: 'env'\n") == "KeyError: 'env'"
@@ -424,6 +424,7 @@ def test_the_first_exception_a_process_printed_is_found_in_its_line():
     assert raised("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ") is None
     assert raised("  File \"x.py\", line 3, in main") is None
     assert raised("rank 0: loss 2.31 at step 4") is None
+    assert raised("ValueError: " + "x" * 10**6) == ("ValueError: " + "x" * 300)[:300]  # one line, however long its cause
 
 
 def test_no_setting_that_fits_is_told_in_one_line_naming_where():
