@@ -58,7 +58,7 @@ def test_train_speed_runs_trl_and_ours_with_the_loss_check(train_speed):
     """As train_speed_h200_2026-11-26_real_text_same_host_s1.json, less the TRL configurations that
     need a GPU (flex attention, Liger)."""
     r = fields(train_speed / "train_speed.json")
-    assert set(r) == {"shape", "max_length", "batch", "steps", "warmup", "workload", "gpus", "trl_run",
+    assert set(r) == {"shape", "max_length", "batch", "steps", "warmup", "workload", "host", "gpus", "trl_run",
                       "flops_per_token", "matmul_peak_tflops", "best_trl", "ours_decisions", "probe_seconds",
                       "loss_max_abs_diff", "results"}
     assert set(r["results"]) == {"ours", "ours_safe", "trl_default", "trl_packed"}
@@ -66,6 +66,7 @@ def test_train_speed_runs_trl_and_ours_with_the_loss_check(train_speed):
     for name, result in r["results"].items():
         assert set(result) == TIMED | {"mfu", "vs_best_trl"}, name
     assert set(r["ours_decisions"]) == SETTING
+    assert r["host"]["gpu"] is None and r["host"]["cpu"] and r["host"]["cpus"] >= 1  # --tiny runs on the CPU
     assert set(r["workload"]) == {"rows", "rows_blake3", "tokenizer", "documents", "tokens", "length_median",
                                   "length_p90", "at_max_length"}
 
