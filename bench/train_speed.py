@@ -100,17 +100,18 @@ def host() -> dict:
     """The machine the figures came from: TRL's step has differed by 9% between two H100s of one kind
     while ours moved by 1% (bench/results/train_speed_h100_2026-12-07_one_machine/), so each run
     records its GPU and its host's CPU."""
-    import os
     import platform
 
     import torch
+
+    from stages.engine.preload import usable_cpus
 
     info = Path("/proc/cpuinfo")
     models = [line.split(":", 1)[1].strip() for line in (info.read_text().splitlines() if info.exists() else [])
               if line.startswith("model name")]
     return {"gpu": torch.cuda.get_device_name(0) if DEVICE == "cuda" else None,
             "cpu": models[0] if models else platform.processor(),
-            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            "cpus": usable_cpus()}
 
 
 def free_memory() -> None:

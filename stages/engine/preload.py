@@ -116,6 +116,12 @@ def wanted(stage, table: dict) -> list[str]:
     return modules
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container or taskset narrows; all
+    of them on macOS, which has no affinity call)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def start(modules: list[str], log_path) -> None:
     """Start the worker (once a process), which imports `modules` in the background: where the
     machine has MIN_CPUS or more, or MINDXTRAIN_PRELOAD says always (never: not at all)."""
@@ -126,8 +132,7 @@ def start(modules: list[str], log_path) -> None:
                         f"has {MIN_CPUS} CPUs or more)")
     import multiprocessing
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # not on macOS
-    if (not modules or switch == "never" or (not switch and usable < MIN_CPUS)
+    if (not modules or switch == "never" or (not switch and usable_cpus() < MIN_CPUS)
             or multiprocessing.parent_process() is not None):  # a task process of doit -n N: it would outlive its task
         return
     # spawned while no other task's build has the file descriptors on its log (doit -n N -P thread)
