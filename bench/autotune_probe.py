@@ -81,6 +81,12 @@ def matmul_peak_tflops(device: str = "cuda") -> float:
     return 2 * n**3 / best / 1e12
 
 
+def lm_head_share(shape: dict) -> float:
+    """The LM head's share of matmul_params: of the FLOPs counted per token, those a trainer that
+    runs the head only on tokens with a target skips for the others."""
+    return shape["hidden_size"] * shape["vocab_size"] / matmul_params(shape)
+
+
 def matmul_params(shape: dict) -> int:
     h, layers, kv = shape["hidden_size"], shape["num_hidden_layers"], shape["num_key_value_heads"]
     q = shape["num_attention_heads"] * shape["head_dim"]

@@ -24,7 +24,9 @@ MAX_LENGTH. The rows' BLAKE3 and their token lengths are recorded with the resul
 
 Real tokens/s counts non-pad tokens of the timed steps (steps after WARMUP, so compilation
 is not timed). MFU: model FLOPs per token, 4N for LoRA (bench/autotune_probe.flops_per_token
-says which terms count), over the bf16 matmul peak measured on this GPU in this run.
+says which terms count), over the bf16 matmul peak measured on this GPU in this run. Ours runs the LM
+head only on tokens that have a target, where MFU counts it for every token: ours's mfu_work_done
+discounts the head's FLOPs it skips (TRL computes the logits of every token).
 Loss check: ours vs ours_safe on the first 20 steps (same batches), max |difference|.
 Each configuration runs in a fresh process (run_one says why), with the run's own cold
 compile caches; the table comes at the end. With --gpus 0,1 configurations run two at a time,
@@ -52,7 +54,8 @@ import time
 from pathlib import Path
 
 from bench import tiny
-from bench.autotune_probe import SHAPES, flops_per_token, matmul_peak_tflops, one_gpu, recipe_probe_budget
+from bench.autotune_probe import (SHAPES, flops_per_token, lm_head_share, matmul_peak_tflops, one_gpu,
+                                  recipe_probe_budget)
 
 one_gpu()
 
@@ -171,9 +174,11 @@ def workload(work: Path, rows: Path | None, tokenizer_dir: Path) -> dict:
                              "Pass --rows FILE (chat JSONL) instead")
     (work / "workload.json").write_text(json.dumps({"tokenizer": str(tokenizer_dir.resolve()),
                                                     "tiny": DEVICE == "cpu"}))
-    lengths = np.array([len(d["input_ids"]) for d in documents(work, tokenizer(work))])
+    docs = documents(work, tokenizer(work))
+    lengths = np.array([len(d["input_ids"]) for d in docs])
     return {"rows": str(rows or "bench/data_prep.py real corpus"), "rows_blake3": blake3(target.read_bytes()).hexdigest(),
             "tokenizer": str(tokenizer_dir), "documents": len(lengths), "tokens": int(lengths.sum()),
+            "completion_tokens": sum(sum(d["completion_mask"]) for d in docs),
             "length_median": int(np.median(lengths)), "length_p90": int(np.percentile(lengths, 90)),
             "at_max_length": int((lengths == MAX_LENGTH).sum())}
 
@@ -451,6 +456,14 @@ def main() -> None:
         r["mfu"] = round(r["tokens_per_s"] * flops / (peak * 1e12), 4)
         r["vs_best_trl"] = round(r["tokens_per_s"] / results[best_trl]["tokens_per_s"], 3)  # 1.2987 is not 1.3
         print(f"{name:21} {r['tokens_per_s']:>9.0f} {r['mfu']:>6.1%} {r['peak_gib']:>9.1f} {r['vs_best_trl']:>11.3f}x")
+    if "error" not in results["ours"]:
+        # ours runs the LM head only where a token has a target (sft.TargetRowsHead), MFU counts it for every
+        # token; the workload's share of such tokens stands for the timed steps'
+        skipped = (1 - data["completion_tokens"] / data["tokens"]) * lm_head_share(SHAPE)
+        results["ours"]["mfu_work_done"] = round(results["ours"]["mfu"] * (1 - skipped), 4)
+        print(f"ours runs the LM head on the {data['completion_tokens'] / data['tokens']:.0%} of tokens that have a "
+              f"target: {skipped:.1%} of the FLOPs MFU counts are not done, {results['ours']['mfu_work_done']:.1%} "
+              "on the work done")
     diff = loss_distance(results["ours"]["losses"], results["ours_safe"]["losses"])
     print(f"ours decisions: {found['decisions']} (probe {found['probe_seconds']:.0f} s)")
     print(f"loss check, first {LOSS_STEPS} steps, ours vs ours_safe (same batches): max |diff| {diff:.4f} "
