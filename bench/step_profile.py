@@ -56,6 +56,8 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer_mb4_sources: trainer_mb4 profiled with shapes and Python stacks, its copies' and
                       fills' GPU time charged to where they were launched (launch_sources);
                       its timings carry the profiler's extra host work
+  trainer_mb4_cublaslt: every matmul through cuBLASLt (torch.backends.cuda.preferred_blas_library)
+                      instead of cuBLAS, torch's default for bf16 products
   trainer_mb4_graphs_held: the layers under CUDA graphs, each micro-batch a new graph step, with
                       the block mask's tensors copied to one address each step: cudagraph trees
                       take tensors reached through an argument's attributes (the BlockMask's) to
@@ -335,6 +337,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_noclip": (MB4, {"clip": False}),
     "trainer_mb4_workers": (MB4, {"workers": 2}),
     "trainer_mb4_sources": (MB4, {"sources": True}),
+    "trainer_mb4_cublaslt": (MB4, {"blas": "cublaslt"}),
 }
 
 
@@ -452,7 +455,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
                 share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False,
                 fp32_logits: bool = False, accumulate: bool = True, held_blocks: bool = False,
-                sources: bool = False) -> dict:
+                sources: bool = False, blas: str | None = None) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -467,6 +470,8 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from stages.engine.recipe import TrainSection
 
     numerics.training_mode()
+    if blas:  # every matmul through this BLAS library (torch's default for bf16 products is cuBLAS)
+        torch.backends.cuda.preferred_blas_library(blas)
     model = new_model("sdpa")
     settings.apply_settings(model, setting)
     if compile_options:  # the layers compiled again, as they train, with more of inductor's options
