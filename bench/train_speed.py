@@ -459,9 +459,10 @@ def main() -> None:
     if "error" not in results["ours"]:
         # ours runs the LM head only where a token has a target (sft.TargetRowsHead), MFU counts it for every
         # token; the workload's share of such tokens stands for the timed steps'
-        skipped = (1 - data["completion_tokens"] / data["tokens"]) * lm_head_share(SHAPE)
+        targets = data["completion_tokens"] / data["tokens"]
+        skipped = (1 - targets) * lm_head_share(SHAPE)
         results["ours"]["mfu_work_done"] = round(results["ours"]["mfu"] * (1 - skipped), 4)
-        print(f"ours runs the LM head on the {data['completion_tokens'] / data['tokens']:.0%} of tokens that have a "
+        print(f"ours runs the LM head on the {targets:.0%} of tokens that have a "
               f"target: {skipped:.1%} of the FLOPs MFU counts are not done, {results['ours']['mfu_work_done']:.1%} "
               "on the work done")
     diff = loss_distance(results["ours"]["losses"], results["ours_safe"]["losses"])
