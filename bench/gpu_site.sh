@@ -1,8 +1,8 @@
 # Sourced by the bench/gpu_*.sh scripts: install_site installs the wheels carried beside the
-# checkout (.whl/ and any folders named) into /tmp/site, once per machine and set of wheels, and
-# sets what every bench run on the lent GPU shares: /tmp/site first on PYTHONPATH (the GPU image's
-# own transformers and friends are other versions), unbuffered output, tracebacks on a fatal
-# signal, no hub.
+# checkout (.whl/, which bench/gpu_wheels.sh fetches, and any folders named) into /tmp/site,
+# once per machine and set of wheels, and sets what every bench run on the lent GPU shares:
+# /tmp/site first on PYTHONPATH (the GPU image's own transformers and friends are other
+# versions), unbuffered output, tracebacks on a fatal signal, no hub.
 #
 #   . bench/gpu_site.sh && install_site [WHEEL_FOLDER ...] || exit 1
 install_site() {

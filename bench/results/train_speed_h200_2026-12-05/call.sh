@@ -2,6 +2,7 @@
 # r3): bench/train_speed.py's short run (ours, ours_safe, TRL's best configuration) with the code as it stands
 # (lora_accumulate in the trainer since b92a034); the same 1,440 rows (BLAKE3 b59f21d81782, bench/data_prep.py's
 # make_real_rows), Qwen3's tokenizer, cold caches in each run (its own work directory and compile caches)
+# Carry [".whl", "gpu"], which bench/gpu_wheels.sh makes on a fresh checkout.
 run=${1:?run name}
 . bench/gpu_site.sh && install_site || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,serial --format=csv,noheader
