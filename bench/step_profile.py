@@ -24,17 +24,15 @@ results committed before 2026-11-25 timed each step with a sync of its own):
   trainer             our trainer: the model's own loss
   trainer_trl_loss    the same with TRL's compute_loss (its chunked LM head and metrics)
   trainer_nogc        our trainer with Python's garbage collector off while it trains
-  trainer_log10, trainer_nan_filter, trainer_gpu_collate: logging every 10 steps; the
-                      Trainer's per-micro-batch NaN check of the loss (a host sync) back on, as
-                      the Trainer defaults; batches copied to the GPU without blocking
+  trainer_nan_filter  the Trainer's per-micro-batch NaN check of the loss (a host sync) back on,
+                      as the Trainer defaults
   trainer_mb4*        micro-batch 4 (one per step), alone, with the fused loss, with the loss
                       left eager (not compiled with the layers), with PEFT's cast of LoRA
                       inputs to fp32 back on, with one lora_A product per projection
                       (trainer_mb4_separate_a: the baseline of A's product shared per input),
                       or with the above
-  trainer_mb4_log10, trainer_mb4_noclip, trainer_mb4_workers: where micro-batch 4 through the
-                      trainer loses to the step loop (14.6k vs 15.4k tokens/s): a log (a host
-                      sync) every 10 steps instead of every step, no gradient clipping (the
+  trainer_mb4_noclip, trainer_mb4_workers: where micro-batch 4 through the trainer loses to
+                      the step loop (14.6k vs 15.4k tokens/s): no gradient clipping (the
                       Trainer still computes the norm for each log), two data loader workers
   trainer_cudagraphs* the compiled layers under CUDA graphs (inductor's cudagraph trees, with
                       the layers' COMPILE_OPTIONS), marking each micro-batch a new graph step,
@@ -58,6 +56,10 @@ results committed before 2026-11-25 timed each step with a sync of its own):
                       its timings carry the profiler's extra host work
   trainer_mb4_cublaslt: every matmul through cuBLASLt (torch.backends.cuda.preferred_blas_library)
                       instead of cuBLAS, torch's default for bf16 products
+  trainer_mb4_synced: a host sync at every step's end, as before 2026-12-07: the Trainer's log
+                      each step and batches copied to the GPU blocking the host (the baseline
+                      of stages/train/trainer.StepRecords: the host fetches, collates and
+                      launches the next step while the GPU trains)
   trainer_mb4_graphs_held: the layers under CUDA graphs, each micro-batch a new graph step, with
                       the block mask's tensors copied to one address each step: cudagraph trees
                       take tensors reached through an argument's attributes (the BlockMask's) to
@@ -309,7 +311,6 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer": (BEST, {}),
     "trainer_trl_loss": (BEST, {"trl_loss": True}),
     "trainer_nogc": (BEST, {"gc_off": True}),
-    "trainer_log10": (BEST, {"logging_steps": 10}),
     "trainer_mb4": ({**BEST, "micro_batch_size": 4}, {}),
     "trainer_mb4_ce": ({**BEST, "micro_batch_size": 4, "fused_cross_entropy": True}, {}),
     "trainer_mb4_eager_loss": ({**BEST, "micro_batch_size": 4}, {"eager_loss": True}),
@@ -331,9 +332,7 @@ TRAINER_VARIANTS = {  # (decisions, options): through the checkpoint stage's tra
     "trainer_mb4_sum": (MB4, {"accumulate": False}),
     "trainer_mb4_graphs_held": (MB4, {"compile_options": GRAPHS, "mark_steps": True, "held_blocks": True}),
     "trainer_nan_filter": (BEST, {"nan_filter": True}),
-    "trainer_gpu_collate": (BEST, {"gpu_collate": True}),
-    "trainer_mb4_gpu_collate": ({**BEST, "micro_batch_size": 4}, {"gpu_collate": True}),
-    "trainer_mb4_log10": (MB4, {"logging_steps": 10}),
+    "trainer_mb4_synced": (MB4, {"synced": True}),
     "trainer_mb4_noclip": (MB4, {"clip": False}),
     "trainer_mb4_workers": (MB4, {"workers": 2}),
     "trainer_mb4_sources": (MB4, {"sources": True}),
@@ -450,8 +449,8 @@ def idle_gaps(prof, sources: bool = False) -> dict:
 
 
 def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool = False,
-                logging_steps: int = 1, compile_options: dict | None = None, mark_steps: bool = False,
-                gpu_collate: bool = False, grads_kept: bool = False, nan_filter: bool = False,
+                synced: bool = False, compile_options: dict | None = None, mark_steps: bool = False,
+                grads_kept: bool = False, nan_filter: bool = False,
                 eager_loss: bool = False, input_cast: bool = False, clip: bool = True, workers: int = 0,
                 share_inputs: bool = True, skip_guards: bool = False, model_mask: bool = False,
                 fp32_logits: bool = False, accumulate: bool = True, held_blocks: bool = False,
@@ -467,6 +466,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     from stages.train.settings import step_context
     from stages.train.methods import METHODS
     from stages.train.sft import make_trainer
+    from stages.train.trainer import StepRecords
     from stages.engine.recipe import TrainSection
 
     numerics.training_mode()
@@ -487,7 +487,10 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     t = TrainSection(peft="lora", lora={"r": 16, "alpha": 32}, max_steps=steps, micro_batch_size=4, save_steps=10**6)
     plan = {**setting, "device": train_speed.DEVICE, "dtype": train_speed.DTYPE, "processes": 1, "grad_accum": 4 // mb}
     trainer = make_trainer(METHODS["sft"], model, rows, char_tokenizer(), plan, t, Path("/tmp/step_profile") / name)
-    trainer.args.logging_steps = logging_steps
+    StepRecords(trainer)  # as the checkpoint stage trains: each step's figures kept without a sync
+    if synced:  # a log each step and batches copied blocking the host (accelerate reads this in train())
+        trainer.args.logging_steps = 1
+        trainer.accelerator.dataloader_config.non_blocking = False
     if fp32_logits:  # the model returns the head's logits, which accelerate converts to fp32 (its baseline)
         trainer.head.keep = False
     if model_mask:  # the collator's rows without flex's blocks: the model finds the documents itself
@@ -518,11 +521,6 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
             torch.compiler.cudagraph_mark_step_begin()
             return training_step(*args, **kwargs)
         trainer.training_step = marked
-    if gpu_collate:  # batches pinned and copied without blocking the host
-        collate = trainer.data_collator
-        trainer.args.dataloader_pin_memory = False
-        trainer.data_collator = lambda rows: {k: v.pin_memory().to("cuda", non_blocking=True)
-                                              for k, v in collate(rows).items()}
     if not clip:  # what clipping the gradients' norm to 1.0 costs (the recipe's setting, not ours to drop)
         trainer.args.max_grad_norm = 0
     trainer.args.dataloader_num_workers = workers  # rows fetched and collated off the training process
@@ -578,7 +576,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     seconds = window[0] / (steps - 2 - warmup)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"tokens_per_s": round(4 * LENGTH / seconds, 1), "step_seconds": round(seconds, 4),
-            "peak_gib": peak_gib(), "last_loss": losses[-1], **profiled}
+            "peak_gib": peak_gib(), "last_loss": losses[-1] if losses else None, **profiled}
 
 
 def run_one(name: str, first: bool) -> dict:

@@ -23,7 +23,7 @@ MAX_LENGTH. The rows' BLAKE3 and their token lengths are recorded with the resul
                 no compile): the same batches as ours, for the loss check
 
 Real tokens/s counts non-pad tokens of the timed steps (steps after WARMUP, so compilation
-is not timed). MFU: model FLOPs per token, 4N for LoRA (bench/autotune_probe.flops_per_token
+is not timed), timed as one window (meter says why). MFU: model FLOPs per token, 4N for LoRA (bench/autotune_probe.flops_per_token
 says which terms count), over the bf16 matmul peak measured on this GPU in this run. Ours runs the LM
 head only on tokens that have a target, where MFU counts it for every token: ours's mfu_work_done
 discounts the head's FLOPs it skips (TRL computes the logits of every token).
@@ -215,17 +215,24 @@ def new_model(attn: str, dtype: str | None = None):
     return model
 
 
-def meter(counts: list[int], times: list[float]):
+def meter(window: list[float]):
+    """The wall time of the steps after WARMUP as one window, the GPU drained only at its two
+    ends: what a run gets, the host's work between steps (fetching, collating, launching the
+    next) counted where the GPU waits for it, for TRL's configurations and ours alike. A sync
+    at every step's ends would drain the GPU each step and time a run that no longer overlaps
+    the host's work with the GPU's (stages/train/trainer.StepRecords)."""
     from transformers import TrainerCallback
 
     class Meter(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            sync()
-            self.start = time.perf_counter()
+            if state.global_step == WARMUP:
+                sync()
+                self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            sync()
-            times.append(time.perf_counter() - self.start)
+            if state.global_step == STEPS:
+                sync()
+                window.append(time.perf_counter() - self.start)
 
     return Meter()
 
@@ -240,11 +247,11 @@ def counting(collator, counts: list[int], pad_id: int):
     return collate
 
 
-def finish(name: str, trainer, counts, times, accum: int = 1) -> dict:
+def finish(name: str, trainer, counts, window, accum: int = 1) -> dict:
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     tokens = sum(counts[WARMUP * accum: STEPS * accum])  # one count per micro-batch
-    seconds = sum(times[WARMUP:STEPS])
+    seconds = window[0]
     result = {"tokens_per_s": round(tokens / seconds, 1), "peak_gib": peak_gib(),
               "step_seconds": round(seconds / (STEPS - WARMUP), 4), "losses": losses[:LOSS_STEPS]}
     logging.info("%s: %s", name, result)
@@ -257,20 +264,22 @@ def run_trl(name: str, docs, tok, attn: str, work: Path, **overrides) -> dict:
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
+    from stages.train.trainer import LOG_EVERY  # TRL's default too: its log reads the loss, a host sync
+
     reset_peak()
     model = new_model(attn)
     args = SFTConfig(output_dir=str(work / name), max_steps=STEPS, per_device_train_batch_size=BATCH,
                      max_length=MAX_LENGTH, bf16=DTYPE == "bfloat16", use_cpu=DEVICE == "cpu", learning_rate=1e-4,
-                     logging_steps=1, report_to="none", save_strategy="no", seed=0, data_seed=0,
-                     dataloader_num_workers=0, **overrides)
+                     logging_steps=LOG_EVERY, report_to="none", save_strategy="no", seed=0, data_seed=0,
+                     dataloader_num_workers=0, accelerator_config={"non_blocking": DEVICE != "cpu"}, **overrides)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(docs), processing_class=tok,
                          peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
                                                 task_type="CAUSAL_LM"))
-    counts, times = [], []
+    counts, window = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
-    trainer.add_callback(meter(counts, times))
+    trainer.add_callback(meter(window))
     try:
-        result = finish(name, trainer, counts, times)
+        result = finish(name, trainer, counts, window)
     except torch.OutOfMemoryError:  # a micro-batch too large for this setting: recorded, not a failed run
         result = {"error": "out of memory"}
     del trainer, model
@@ -298,6 +307,7 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
     from stages.train.settings import training_context
     from stages.train.methods import METHODS
     from stages.train.sft import make_trainer
+    from stages.train.trainer import StepRecords
     from stages.engine.recipe import TrainSection
 
     reset_peak()
@@ -309,11 +319,12 @@ def run_ours(name: str, rows: dict, tok, decisions: dict, work: Path, dtype: str
                      max_steps=STEPS, micro_batch_size=BATCH, save_steps=10**6)
     plan = {**decisions, "device": DEVICE, "dtype": dtype, "processes": 1, "grad_accum": BATCH // decisions["micro_batch_size"]}
     trainer = make_trainer(METHODS["sft"], model, Dataset.from_dict(rows), tok, plan, t, work / name)
-    counts, times = [], []
+    StepRecords(trainer)  # each step's loss in the log history, as the checkpoint stage keeps them
+    counts, window = [], []
     trainer.data_collator = counting(trainer.data_collator, counts, tok.pad_token_id)
-    trainer.add_callback(meter(counts, times))
+    trainer.add_callback(meter(window))
     with training_context(trainer, plan):
-        result = finish(name, trainer, counts, times, plan["grad_accum"])
+        result = finish(name, trainer, counts, window, plan["grad_accum"])
     del trainer, model
     free_memory()
     torch.compiler.reset()

@@ -34,7 +34,7 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path, eng
     method that is GRPO with other settings of TRL's (stages/train/gspo.py). Its rollouts go
     through the generation engine where that is faster (`engine` None: engine_here(plan))."""
     config, grpo_trainer = method.trl()
-    args = config(**plan_args(plan, t, output_dir), num_generations=t.num_generations,
+    args = config(**plan_args(plan, t, output_dir, method.logs), num_generations=t.num_generations,
                   max_completion_length=t.max_completion_length, **settings)
     rollouts, engine = None, engine_here(plan) if engine is None else engine
     if engine or plan.get("compile"):

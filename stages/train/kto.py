@@ -47,7 +47,7 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
                         f"micro-batch is {plan['micro_batch_size']} row; raise train.micro_batch_size (on a GPU, lower "
                         f"data.max_length or use peft: lora so that two rows fit)")
     config, trainer = method.trl()
-    args = config(**plan_args(plan, t, output_dir), beta=t.beta,
+    args = config(**plan_args(plan, t, output_dir, method.logs), beta=t.beta,
                   max_length=None)  # the shards stage already applied data.max_length
     return trainer(model=model, args=args, train_dataset=train, processing_class=tok,
                    peft_config=peft_config(t, method.peft_task))

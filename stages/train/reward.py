@@ -20,7 +20,7 @@ def dataset(shards: Path, tok):
 
 def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
     config, trainer = method.trl()
-    args = config(**plan_args(plan, t, output_dir),
+    args = config(**plan_args(plan, t, output_dir, method.logs),
                   max_length=None)  # the shards stage already applied data.max_length
     return trainer(model=model, args=args, train_dataset=train, processing_class=tok,
                    peft_config=peft_config(t, method.peft_task))  # SEQ_CLS: PEFT trains the new head in full

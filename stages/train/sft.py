@@ -139,7 +139,7 @@ def make_trainer(method, model, train, tok, plan: dict, t, output_dir: Path):
     from functools import partial
 
     config, trainer = method.trl()
-    args = config(**plan_args(plan, t, output_dir), dataset_kwargs={"skip_prepare_dataset": True})
+    args = config(**plan_args(plan, t, output_dir, method.logs), dataset_kwargs={"skip_prepare_dataset": True})
     blocks = document_mask.usable(without_peft(model).config, plan.get("attn_implementation"))
     run = model_loss_trainer(trainer)(model=model, args=args, train_dataset=train, processing_class=tok,
                                       data_collator=partial(collate, document_blocks=blocks),

@@ -65,21 +65,108 @@ def distributed_args(plan: dict) -> dict:
     return {"fsdp": True, "fsdp_config": plan["sharding"]} if plan.get("sharding") else {}
 
 
-def plan_args(plan: dict, t, output_dir: Path) -> dict:
+LOG_EVERY = 10  # steps between the Trainer's own logs (TRL's default): each reads the loss, a host sync
+
+
+def plan_args(plan: dict, t, output_dir: Path, logs: tuple[str, ...] = ()) -> dict:
     """The TrainingArguments every method shares: the recipe's optimizer settings, the plan's
-    batch shape (per process) and precision, checkpoints every save_steps for resuming, one log
-    per step, FSDP2 where the plan has several GPU processes."""
+    batch shape (per process) and precision, checkpoints every save_steps for resuming, FSDP2
+    where the plan has several GPU processes, and no host sync between steps: the Trainer logs
+    every LOG_EVERY steps (StepRecords keeps each step's figures) and copies batches to the GPU
+    without blocking, so the host fetches and collates the next batch while the GPU trains.
+    A method with figures of its own (`logs`: TRL's, kept in metrics.jsonl) is logged every step."""
     return dict(**distributed_args(plan),
         output_dir=str(output_dir), max_steps=t.max_steps, learning_rate=t.lr,
         per_device_train_batch_size=plan["micro_batch_size"], gradient_accumulation_steps=plan["grad_accum"],
         warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, lr_scheduler_type="cosine",
-        logging_steps=1, logging_nan_inf_filter=False,  # the filter's check of each micro-batch's loss is a
+        logging_steps=1 if logs else LOG_EVERY,
+        logging_nan_inf_filter=False,  # the filter's check of each micro-batch's loss is a
         # host sync that left the GPU idle between micro-batches (8B LoRA on H100: 12.1k -> 13.9k tok/s,
         # bench/step_profile.py); a NaN loss is logged as it is
+        accelerator_config={"non_blocking": plan["device"] != "cpu"},  # pinned batches (the default) to the GPU
         save_strategy="steps", save_steps=t.save_steps, save_total_limit=2,
         seed=t.seed, data_seed=t.seed, report_to="none", use_cpu=plan["device"] == "cpu",
         bf16=plan["dtype"] == "bfloat16", activation_checkpointing=False,  # already set on the model
         dataloader_num_workers=0, remove_unused_columns=False)
+
+
+class StepRecords:
+    """Each optimizer step's loss, gradient norm and learning rate, the figures the Trainer logs
+    when it logs every step, kept as tensors where the GPU computes them and read at the
+    Trainer's own logs (a host sync every LOG_EVERY steps, and at every save and the last step).
+    Reading them each step drained the GPU at every step's end, and it idled while the host
+    fetched, collated and launched the next step: 3.3-3.7% of an 8B LoRA step on an H100
+    (bench/results/steps_ahead_h100_2026-12-07/). At each of its logs the Trainer's entry (the
+    mean of the steps since the last) is replaced in its log history by one entry per step, so
+    metrics.jsonl and a resumed run's history hold every step, as before; a method's own figures
+    (TRL's) stay on the step they were logged at. The loss is the step's micro-batch losses
+    summed from zero in fp32, as the Trainer sums them, averaged over processes; the norm is what
+    clip_grad_norm_ returned (before clipping); the rate is the scheduler's for the step. The
+    Trainer hands none of them to callbacks, so its public training_step and its accelerator's
+    clip_grad_norm_ are wrapped on this one trainer."""
+
+    def __init__(self, trainer):
+        from transformers import TrainerCallback
+
+        self.trainer, self.pending, self.last = trainer, [], []
+        self.loss = self.norm = self.rate = None
+        step, clip = trainer.training_step, trainer.accelerator.clip_grad_norm_
+
+        def training_step(*args, **kwargs):
+            import torch
+
+            loss = step(*args, **kwargs)
+            if self.loss is None:
+                self.loss = torch.zeros((), device=loss.device)
+            self.loss += loss
+            return loss
+
+        def clip_grad_norm_(*args, **kwargs):
+            self.norm = clip(*args, **kwargs)
+            return self.norm
+
+        trainer.training_step, trainer.accelerator.clip_grad_norm_ = training_step, clip_grad_norm_
+        records = self
+
+        class Records(TrainerCallback):
+            def on_optimizer_step(self, args, state, control, lr_scheduler=None, **kwargs):
+                rate = lr_scheduler.get_last_lr()[0]
+                records.rate = rate.item() if hasattr(rate, "item") else rate
+
+            def on_step_end(self, args, state, control, **kwargs):
+                records.pending.append((state.global_step, records.loss, records.norm, records.rate))
+                records.loss = records.norm = records.rate = None
+                if state.global_step % args.save_steps == 0 or state.global_step >= state.max_steps:
+                    control.should_log = True  # a checkpoint's history, and the run's, hold every step
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                rows = records.flush()
+                entry = state.log_history[-1] if state.log_history else {}
+                if "loss" in entry and rows and entry["step"] == rows[-1]["step"]:
+                    state.log_history.pop()  # the Trainer's mean over the steps since its last log
+                    rows[-1] = {**entry, **rows[-1]}
+                state.log_history += rows
+
+        trainer.add_callback(Records())
+
+    def flush(self) -> list[dict]:
+        """The pending steps as log entries ({step, loss, grad_norm, learning_rate}), also kept as
+        `last`. Every process calls it at the same steps (the Trainer's logs): under several, the
+        losses are gathered and averaged, as the Trainer's log does."""
+        import torch
+
+        pending, self.pending, self.last = self.pending, [], []
+        if not pending:
+            return []
+        losses = torch.stack([loss for _, loss, _, _ in pending])
+        if self.trainer.accelerator.num_processes > 1:
+            losses = self.trainer.accelerator.gather(losses[None]).mean(0)
+        for (step, _, norm, rate), loss in zip(pending, losses.tolist()):
+            row = {"loss": loss, "learning_rate": rate, "step": step}
+            if norm is not None:
+                row["grad_norm"] = norm.item() if isinstance(norm, torch.Tensor) else norm
+            self.last.append(row)
+        return list(self.last)
 
 
 def mark_complete_callback():
@@ -106,10 +193,10 @@ def mark_complete_callback():
     return MarkComplete()
 
 
-def step_log_callback(log, max_steps: int, progress=None):
+def step_log_callback(log, max_steps: int, records: StepRecords, progress=None):
     """The Trainer's progress bar (steps, ETA) with the loss in it: the one live line on the
     console, made by `progress` where given; each step's line goes to the stage log beside the
-    artifact only (DEBUG)."""
+    artifact only (DEBUG), written at each of the Trainer's logs (StepRecords)."""
     from transformers.trainer_callback import ProgressCallback
 
     class StepLog(ProgressCallback):
@@ -121,41 +208,53 @@ def step_log_callback(log, max_steps: int, progress=None):
             self.current_step = 0
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                log.debug("step %d/%d loss %.4f grad_norm %.4f lr %.3g", state.global_step, max_steps,
-                          logs["loss"], logs.get("grad_norm", float("nan")), logs.get("learning_rate", 0.0))
-                if self.training_bar is not None:
-                    self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", refresh=False)
+            rows = records.last  # flushed by the records' own callback, added before this one
+            for row in rows:
+                log.debug("step %d/%d loss %.4f grad_norm %.4f lr %.3g", row["step"], max_steps,
+                          row["loss"], row.get("grad_norm", float("nan")), row["learning_rate"])
+            if rows and self.training_bar is not None:
+                self.training_bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}", refresh=False)
 
     return StepLog()
 
 
 def step_clock_callback(seconds: list):
-    """Each optimizer step's wall time, the interval between the ends of consecutive steps with
-    the GPU drained (the step's loss is read for the log right after anyway, so this adds no
-    wait): the run's tokens/s without the start-up, load and save that train_runtime holds."""
+    """Each optimizer step's wall time, the interval between the ends of consecutive steps, filled
+    in at the end of training: the run's tokens/s without the start-up, load and save that
+    train_runtime holds. On a GPU the ends are CUDA events, timed as the GPU reaches them (its
+    idle time waiting for the host included) with no host sync between steps (StepRecords)."""
     import time
 
     from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
-        last = None
+        def __init__(self):
+            self.ends = []  # per step: the time (CPU) or CUDA event of its end; None where a save came before
 
-        def drained(self) -> float:
+        def now(self):
+            import torch
+
+            if not torch.cuda.is_available():
+                return time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(self.now())
+
+        def on_save(self, args, state, control, **kwargs):
+            self.ends += [None, self.now()]  # the next step's time starts after the save
+
+        def on_train_end(self, args, state, control, **kwargs):
             import torch
 
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            return time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            now = self.drained()
-            if self.last is not None:
-                seconds.append(round(now - self.last, 4))
-            self.last = now
-
-        def on_save(self, args, state, control, **kwargs):
-            self.last = self.drained()  # the next step's time starts after the save
+            for start, end in zip(self.ends, self.ends[1:]):
+                if start is not None and end is not None:
+                    gap = end - start if isinstance(end, float) else start.elapsed_time(end) / 1e3
+                    seconds.append(round(gap, 4))
 
     return StepClock()
 
@@ -175,7 +274,8 @@ def train(trainer, plan: dict, max_steps: int, resume: Path | None, log, run: di
     from transformers.trainer_callback import ProgressCallback
 
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(step_log_callback(log, max_steps, progress))
+    records = StepRecords(trainer)
+    trainer.add_callback(step_log_callback(log, max_steps, records, progress))
     trainer.add_callback(mark_complete_callback())
     run["step_seconds"] = []  # from the second step on (the first has no start to measure from)
     trainer.add_callback(step_clock_callback(run["step_seconds"]))
