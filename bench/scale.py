@@ -24,8 +24,9 @@ batch exact: 4 x 4 accumulated on one GPU, 4 x 1 on each of four). Rows: real ch
          gradient checkpointing; the same base weights and rows (tokenized as the shards stage
          does, loss on the assistant turns)
 
-Both count time per optimizer step on the first process, the GPU drained at each step's end
-(stages/train/trainer.step_clock_callback), over the steps after WARMUP. Tokens are real
+Both count time per optimizer step on the first process, between the step ends as the GPU reaches
+them (stages/train/trainer.step_clock_callback's CUDA events), over the steps after WARMUP; the
+peer logs every LOG_EVERY steps (TRL's default), as ours does. Tokens are real
 (non-pad) tokens: ours, the global batch x sequence length x the shards' packing efficiency;
 the peer, the first process's collated tokens x the processes. MFU: 4N FLOPs per token for
 LoRA, 6N for full (bench/autotune_probe.flops_per_token) over the bf16 matmul peak measured
@@ -208,7 +209,7 @@ def peer_child(spec_path: str) -> None:
     from stages.data.rows import Refused
     from stages.data.template import encode_chats
     from stages.train.settings import sharding
-    from stages.train.trainer import distributed_args, step_clock_callback
+    from stages.train.trainer import LOG_EVERY, distributed_args, step_clock_callback
 
     spec = json.loads(Path(spec_path).read_text())
     if spec["tiny"]:
@@ -227,7 +228,7 @@ def peer_child(spec_path: str) -> None:
     args = SFTConfig(output_dir=str(Path(spec["out"]).with_suffix("")), max_steps=STEPS, per_device_train_batch_size=MICRO,
                      gradient_accumulation_steps=GLOBAL_BATCH // MICRO // world, max_length=MAX_LENGTH, packing=True,
                      padding_free=True, bf16=DEVICE == "cuda", use_cpu=DEVICE == "cpu", learning_rate=1e-4,
-                     warmup_steps=1, logging_steps=1, report_to="none", save_strategy="no", seed=spec["seed"],
+                     warmup_steps=1, logging_steps=LOG_EVERY, report_to="none", save_strategy="no", seed=spec["seed"],
                      data_seed=spec["seed"], dataloader_num_workers=0, gradient_checkpointing=not spec["tuned"],
                      torch_compile=spec["tuned"] and DEVICE == "cuda",
                      **distributed_args({"sharding": sharding(world, DEVICE)}))

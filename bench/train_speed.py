@@ -249,6 +249,7 @@ def counting(collator, counts: list[int], pad_id: int):
 
 def finish(name: str, trainer, counts, window, accum: int = 1) -> dict:
     trainer.train()
+    # ours: each step's loss (StepRecords); TRL's: its log's mean over each LOG_EVERY steps
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     tokens = sum(counts[WARMUP * accum: STEPS * accum])  # one count per micro-batch
     seconds = window[0]

@@ -100,10 +100,13 @@ class StepRecords:
     mean of the steps since the last) is replaced in its log history by one entry per step, so
     metrics.jsonl and a resumed run's history hold every step, as before; a method's own figures
     (TRL's) stay on the step they were logged at. The loss is the step's micro-batch losses
-    summed from zero in fp32, as the Trainer sums them, averaged over processes; the norm is what
-    clip_grad_norm_ returned (before clipping); the rate is the scheduler's for the step. The
-    Trainer hands none of them to callbacks, so its public training_step and its accelerator's
-    clip_grad_norm_ are wrapped on this one trainer."""
+    summed from zero in fp32, as the Trainer sums them (tests/test_step_records.py: the same floats
+    in one process; over several, averaged as it does, up to the order of that sum; after a NaN
+    loss each step starts again from zero, where the Trainer's running sum stayed NaN); the norm
+    is what clip_grad_norm_ returned (before clipping; where transformers computes it without
+    the accelerator, on mixed device meshes, only its logged steps have one); the rate is the
+    scheduler's for the step. The Trainer hands none of them to callbacks, so its public
+    training_step and its accelerator's clip_grad_norm_ are wrapped on this one trainer."""
 
     def __init__(self, trainer):
         from transformers import TrainerCallback
