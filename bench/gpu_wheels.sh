@@ -13,12 +13,12 @@ cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 grep -qx '/gpu/' .git/info/exclude || echo /gpu/ >> .git/info/exclude
 mkdir -p .whl gpu/shared/tokenizers
-pins=(transformers==5.23.0 tokenizers==0.23.3 huggingface-hub==2.4.0 safetensors==0.8.0 regex==2026.11.15
-      accelerate==1.15.0 peft==0.21.2 trl==1.16.0 datasets==5.2.0 blake3==1.0.11 doit==0.37.0 pydantic==2.14.3
-      pyyaml==6.0.3 datasketch==2.0.0 tqdm==4.70.1 fsspec==2026.9.0 httpx2==2.16.2 httpcore2==2.16.2
-      truststore==0.10.5 h11==0.16.0 typing_extensions==4.16.0 pydantic-core==2.50.4 typing-inspection==0.4.5
-      annotated-types==0.8.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 click==8.5.1 cloudpickle==3.1.3
-      liger-kernel==0.8.5)
+names=(transformers tokenizers huggingface-hub safetensors regex accelerate peft trl datasets blake3 doit pydantic
+       pyyaml datasketch tqdm fsspec httpx2 httpcore2 truststore h11 typing_extensions pydantic-core
+       typing-inspection annotated-types dill multiprocess xxhash click cloudpickle)
+# the venv's versions (pyproject's pins and what they resolved to), and Liger, which only TRL's GPU runs use
+pins=($(python3 -c 'import sys; from importlib.metadata import version
+print(" ".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' "${names[@]}") liger-kernel==0.8.5)
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do platforms+=(--platform "$p"); done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

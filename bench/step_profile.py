@@ -576,7 +576,7 @@ def run_trainer(name: str, setting: dict, trl_loss: bool = False, gc_off: bool =
     seconds = window[0] / (steps - 2 - warmup)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"tokens_per_s": round(4 * LENGTH / seconds, 1), "step_seconds": round(seconds, 4),
-            "peak_gib": peak_gib(), "last_loss": losses[-1] if losses else None, **profiled}
+            "peak_gib": peak_gib(), "last_loss": losses[-1], **profiled}
 
 
 def run_one(name: str, first: bool) -> dict:

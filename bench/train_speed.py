@@ -23,8 +23,9 @@ MAX_LENGTH. The rows' BLAKE3 and their token lengths are recorded with the resul
                 no compile): the same batches as ours, for the loss check
 
 Real tokens/s counts non-pad tokens of the timed steps (steps after WARMUP, so compilation
-is not timed), timed as one window (meter says why). MFU: model FLOPs per token, 4N for LoRA (bench/autotune_probe.flops_per_token
-says which terms count), over the bf16 matmul peak measured on this GPU in this run. Ours runs the LM
+is not timed), timed as one window (meter says why). MFU: model FLOPs per token, 4N for LoRA
+(bench/autotune_probe.flops_per_token says which terms count), over the bf16 matmul peak
+measured on this GPU in this run. Ours runs the LM
 head only on tokens that have a target, where MFU counts it for every token: ours's mfu_work_done
 discounts the head's FLOPs it skips (TRL computes the logits of every token).
 Loss check: ours vs ours_safe on the first 20 steps (same batches), max |difference|.

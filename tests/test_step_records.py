@@ -18,7 +18,7 @@ STEPS, SAVE = 13, 7  # the Trainer's own logs come at 7 (a save), 10 and 13 (the
 FIGURES = ("step", "loss", "grad_norm", "learning_rate")
 
 
-def rows(vocab: int, n: int = 4 * STEPS, length: int = 48) -> list[dict]:
+def rows(vocab: int, n: int = 4 * STEPS) -> list[dict]:
     """Packed rows of two documents, prompts masked."""
     g = torch.Generator().manual_seed(0)
     out = []
